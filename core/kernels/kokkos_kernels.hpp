@@ -1,0 +1,28 @@
+// The Kernels interface implemented once over Kokkos, for any backend.
+//
+// `Exec` is the backend's small launch policy:
+//   using execution_space = ...;                 // Kokkos::Serial, Kokkos::Cuda, ...
+//   static void bind(Stream&);                   // store the instance in the stream's kernel context
+//   template <class F> static void launch(Stream&, F f);   // run f(instance) in stream order
+// Each backend compiles this header once (backends/<name>/*_kernels.cpp).
+#pragma once
+
+#include "fill.hpp"
+#include "sparse_mla/kernels.hpp"
+
+namespace sparse_mla::kernels {
+
+template <class Exec>
+class KokkosKernels final : public Kernels {
+ public:
+  using space = typename Exec::execution_space;
+
+  const char* execution_space() const override { return space::name(); }
+  void bind(Stream& stream) const override { Exec::bind(stream); }
+
+  void fill_i32(Stream& stream, const FillI32Args& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::fill_i32(s, a); });
+  }
+};
+
+}  // namespace sparse_mla::kernels

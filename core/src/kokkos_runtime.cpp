@@ -1,0 +1,35 @@
+#include "sparse_mla/kokkos_runtime.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdlib>
+#include <mutex>
+
+namespace sparse_mla {
+
+namespace {
+bool library_initialized_kokkos = false;
+void finalize_at_exit() {
+  if (library_initialized_kokkos && Kokkos::is_initialized()) Kokkos::finalize();
+}
+}  // namespace
+
+void ensure_kokkos_initialized() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (Kokkos::is_initialized()) return;
+    int argc = 1;
+    char name[] = "sparse_mla";
+    char* argv[] = {name, nullptr};
+    Kokkos::initialize(argc, argv);
+    library_initialized_kokkos = true;
+    std::atexit(finalize_at_exit);
+  });
+}
+
+std::string kokkos_version() {
+  return std::to_string(KOKKOS_VERSION / 10000) + "." + std::to_string(KOKKOS_VERSION / 100 % 100) + "." +
+         std::to_string(KOKKOS_VERSION % 100);
+}
+
+}  // namespace sparse_mla

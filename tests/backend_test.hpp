@@ -1,0 +1,32 @@
+// Every test source is written once and runs on every backend compiled into
+// the build (host always). A GPU backend without a device skips with the
+// reason the backend gives.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "sparse_mla/device.hpp"
+
+namespace sparse_mla::testing {
+
+class BackendTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string reason = backend_unavailable_reason(GetParam());
+    if (!reason.empty()) GTEST_SKIP() << GetParam() << ": " << reason;
+    device = open_device(GetParam());
+    if (!device->has_kernels()) GTEST_SKIP() << GetParam() << ": this build has no kernels for this backend";
+  }
+  std::shared_ptr<Device> device;
+};
+
+inline std::string backend_param_name(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
+
+}  // namespace sparse_mla::testing
+
+#define SPARSE_MLA_INSTANTIATE_BACKENDS(Suite)                                                 \
+  INSTANTIATE_TEST_SUITE_P(Backends, Suite, ::testing::ValuesIn(::sparse_mla::compiled_backends()), \
+                           ::sparse_mla::testing::backend_param_name)
