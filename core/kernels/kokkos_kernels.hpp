@@ -8,6 +8,7 @@
 #pragma once
 
 #include "fill.hpp"
+#include "topk_convert.hpp"
 #include "sparse_mla/kernels.hpp"
 
 namespace sparse_mla::kernels {
@@ -22,6 +23,9 @@ class KokkosKernels final : public Kernels {
 
   void fill_i32(Stream& stream, const FillI32Args& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::fill_i32(s, a); });
+  }
+  void convert_topk(Stream& stream, const TopkConvertArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::convert_topk(s, a); });
   }
 };
 

@@ -1,0 +1,51 @@
+// The kernels as validated public operations. Each call checks shapes,
+// dtypes, devices and capacities, throws sparse_mla::Error naming the
+// argument and the values, and queues nothing when it rejects.
+#pragma once
+
+#include <cstdint>
+
+#include "sparse_mla/device.hpp"
+#include "sparse_mla/tensor.hpp"
+
+namespace sparse_mla {
+
+// ---- Top-k conversion (SPEC section 2) ----
+
+struct TopkConvertParams {
+  std::int32_t block_size = 64;
+  // Rows between consecutive physical blocks; 0 means block_size.
+  std::int64_t block_stride_rows = 0;
+  bool return_valid_counts = true;
+  // Prefill-workspace variant: both defined, or neither.
+  Tensor workspace_request;  // int32 [>= T]: -1 for a decode token, else its prefill request p
+  Tensor workspace_starts;   // int32 [P]
+};
+
+struct TopkConversion {
+  Tensor physical;      // int32 [T, K]
+  Tensor valid_counts;  // int32 [T]; undefined unless requested
+  // Own the outputs when the library allocated them (no caller buffers).
+  // Keep them alive until the stream has run the conversion.
+  Buffer physical_storage;
+  Buffer valid_counts_storage;
+};
+
+// req_id: int32 [>= T] (the first T entries are used), block_table: int32
+// [R, B], logical: int32 [T, K]. `out` (int32 [>= T, K]) and
+// `valid_counts_out` (int32 [>= T]) are optional caller-owned outputs; when
+// given, nothing is allocated.
+TopkConversion convert_logical_to_physical_topk(Stream& stream, const Tensor& req_id, const Tensor& block_table,
+                                                const Tensor& logical, const TopkConvertParams& params,
+                                                const Tensor& out = Tensor(),
+                                                const Tensor& valid_counts_out = Tensor());
+
+// Host-side deep check for the validating entry points (CLI, debug): reads
+// req_id and block_table (host-visible copies) and checks that every request
+// id is a row of the table and every block id is in [0, num_physical_blocks).
+// Throws naming the first bad position.
+void check_topk_table_values(const std::int32_t* req_id, std::int64_t num_tokens, const std::int32_t* block_table,
+                             std::int64_t num_requests, std::int64_t blocks_per_request,
+                             std::int64_t num_physical_blocks);
+
+}  // namespace sparse_mla
