@@ -1,9 +1,11 @@
 // Tests of the strict safetensors reader/writer.
 //
-// Data locations (compile definitions, each overridable by the environment
-// variable of the same name at run time):
-//   SPARSE_MLA_TEST_DATA_DIR  the repository's tests/data
-//   SPARSE_MLA_GOLDEN_DIR     the shipped golden vectors (7 files)
+// Data locations, first match wins:
+//   tests/data:  env SPARSE_MLA_TEST_DATA_DIR, the compile definition of that
+//                name, SPARSE_MLA_SOURCE_DIR "/tests/data", "tests/data".
+//   golden dir:  env SPARSE_MLA_GOLDEN_DIR, the compile definition of that
+//                name, SPARSE_MLA_SOURCE_DIR "/shared/golden" if it exists,
+//                "/work/shared/golden".
 #include "sparse_mla/safetensors.hpp"
 
 #include <gtest/gtest.h>
@@ -19,10 +21,11 @@
 #include <vector>
 
 #ifndef SPARSE_MLA_TEST_DATA_DIR
+#ifdef SPARSE_MLA_SOURCE_DIR
+#define SPARSE_MLA_TEST_DATA_DIR SPARSE_MLA_SOURCE_DIR "/tests/data"
+#else
 #define SPARSE_MLA_TEST_DATA_DIR "tests/data"
 #endif
-#ifndef SPARSE_MLA_GOLDEN_DIR
-#define SPARSE_MLA_GOLDEN_DIR "/work/shared/golden"
 #endif
 
 namespace fs = std::filesystem;
@@ -37,7 +40,18 @@ std::string dir_from(const char* env, const char* fallback) {
   const char* v = std::getenv(env);
   return (v && *v) ? std::string(v) : std::string(fallback);
 }
-std::string golden_dir() { return dir_from("SPARSE_MLA_GOLDEN_DIR", SPARSE_MLA_GOLDEN_DIR); }
+std::string golden_dir() {
+#ifdef SPARSE_MLA_GOLDEN_DIR
+  return dir_from("SPARSE_MLA_GOLDEN_DIR", SPARSE_MLA_GOLDEN_DIR);
+#else
+#ifdef SPARSE_MLA_SOURCE_DIR
+  if (fs::is_directory(SPARSE_MLA_SOURCE_DIR "/shared/golden")) {
+    return dir_from("SPARSE_MLA_GOLDEN_DIR", SPARSE_MLA_SOURCE_DIR "/shared/golden");
+  }
+#endif
+  return dir_from("SPARSE_MLA_GOLDEN_DIR", "/work/shared/golden");
+#endif
+}
 std::string malformed_dir() {
   return dir_from("SPARSE_MLA_TEST_DATA_DIR", SPARSE_MLA_TEST_DATA_DIR) + "/malformed";
 }
