@@ -58,9 +58,15 @@ std::uint32_t debug_delay_us() { return delay_setting().load(); }
 void Marker::set() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    time_ = std::chrono::steady_clock::now();
     set_ = true;
   }
   cv_.notify_all();
+}
+
+std::chrono::steady_clock::time_point Marker::time() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return time_;
 }
 
 bool Marker::is_set() {
@@ -182,6 +188,16 @@ void HostEvent::synchronize() {
 
 Device& HostEvent::device() const { return device_; }
 
+double HostEvent::elapsed_ms(Event& start) {
+  HostEvent& begin = as_host_event(start, "Event::elapsed_ms");
+  if (!timing_ || !begin.timing_) fail("Event::elapsed_ms", "both events must be created with timing enabled");
+  std::shared_ptr<Marker> from = begin.last_record();
+  std::shared_ptr<Marker> to = last_record();
+  if (!from || !to) fail("Event::elapsed_ms", "both events must have been recorded");
+  if (!from->is_set() || !to->is_set()) fail("Event::elapsed_ms", "the recorded work has not completed yet");
+  return std::chrono::duration<double, std::milli>(to->time() - from->time()).count();
+}
+
 HostDevice::HostDevice() : Device(&host_kernels()) {}
 
 DeviceInfo HostDevice::info() const {
@@ -201,7 +217,7 @@ DeviceInfo HostDevice::info() const {
   return info;
 }
 
-std::unique_ptr<Event> HostDevice::create_event() { return std::make_unique<HostEvent>(*this); }
+std::unique_ptr<Event> HostDevice::create_event(bool timing) { return std::make_unique<HostEvent>(*this, timing); }
 
 std::unique_ptr<Stream> HostDevice::make_stream() { return std::make_unique<HostStream>(*this); }
 

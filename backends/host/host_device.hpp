@@ -25,11 +25,14 @@ class Marker {
   void set();
   bool is_set();
   void wait();
+  // When set() ran (valid once set).
+  std::chrono::steady_clock::time_point time();
 
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
   bool set_ = false;
+  std::chrono::steady_clock::time_point time_{};
 };
 
 class HostDevice;
@@ -70,16 +73,19 @@ class HostStream final : public Stream {
 
 class HostEvent final : public Event {
  public:
-  explicit HostEvent(HostDevice& device) : device_(device) {}
+  HostEvent(HostDevice& device, bool timing) : device_(device), timing_(timing) {}
   void record(Stream& stream) override;
   bool query() override;
   void synchronize() override;
   Device& device() const override;
+  double elapsed_ms(Event& start) override;
+  bool timing() const { return timing_; }
   // The completion point of the last record (nullptr when never recorded).
   std::shared_ptr<Marker> last_record();
 
  private:
   HostDevice& device_;
+  bool timing_;
   std::mutex mutex_;
   std::shared_ptr<Marker> marker_;
 };
@@ -89,7 +95,7 @@ class HostDevice final : public Device {
   HostDevice();
   Backend backend() const override { return Backend::host; }
   DeviceInfo info() const override;
-  std::unique_ptr<Event> create_event() override;
+  std::unique_ptr<Event> create_event(bool timing) override;
 
  protected:
   void* allocate_raw(std::size_t bytes, MemoryKind kind) override;

@@ -54,6 +54,14 @@ void Buffer::release() noexcept {
 
 Stream::~Stream() = default;
 
+void Stream::begin_capture() {
+  fail("Stream::begin_capture", "graph capture is not supported by the ", backend_name(device().backend()), " backend");
+}
+
+std::unique_ptr<Graph> Stream::end_capture() {
+  fail("Stream::end_capture", "graph capture is not supported by the ", backend_name(device().backend()), " backend");
+}
+
 namespace {
 void check_range(const char* where, const char* name, const Buffer& buffer, const Device& device,
                  std::size_t offset, std::size_t bytes) {

@@ -74,6 +74,18 @@ class Event {
   virtual bool query() = 0;        // true when the recorded work has completed
   virtual void synchronize() = 0;  // blocks the calling thread until then
   virtual Device& device() const = 0;
+  // Milliseconds from `start`'s completed record to this event's completed
+  // record. Both must be timing events (Device::create_event(true)).
+  virtual double elapsed_ms(Event& start) = 0;
+};
+
+// Work captured from a stream, replayed as one unit (a CUDA or HIP graph).
+// Replays read and write the same memory as the captured work did, so the
+// caller updates inputs in place between replays.
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  virtual void replay(Stream& stream) = 0;
 };
 
 // An in-order queue of asynchronous work on one device.
@@ -101,6 +113,12 @@ class Stream {
   virtual void synchronize() = 0;
   // The native handle (cudaStream_t, hipStream_t); nullptr on the host backend.
   virtual void* native_handle() const = 0;
+
+  // Graph capture: work queued between the two calls (on this stream, and on
+  // streams forked from it through events) is recorded instead of run.
+  // Backends without graphs (host) throw an Error saying so.
+  virtual void begin_capture();
+  virtual std::unique_ptr<Graph> end_capture();
 
   // Per-stream state of the kernel layer: the Kokkos execution-space instance
   // bound to this stream. Set once by Device::create_stream(), read by every
@@ -139,7 +157,8 @@ class Device : public std::enable_shared_from_this<Device> {
   // A zero-byte allocation gives an empty Buffer.
   Buffer allocate(std::size_t bytes, MemoryKind kind);
   std::unique_ptr<Stream> create_stream();
-  virtual std::unique_ptr<Event> create_event() = 0;
+  // Ordering-only events unless `timing` is set (timing costs on GPUs).
+  virtual std::unique_ptr<Event> create_event(bool timing = false) = 0;
 
   // The kernels compiled for this backend. Throws when this build has none
   // (a CUDA or HIP native layer built without a GPU-enabled Kokkos).
