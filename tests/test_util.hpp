@@ -69,3 +69,25 @@ inline std::mt19937_64 seeded_rng(std::uint64_t salt = 0) {
 }
 
 }  // namespace sparse_mla::testing
+
+namespace sparse_mla::testing {
+
+// The elements of a view whose rows may be strided (Tensor::narrow,
+// Tensor::rows), packed row-major: dim(0) rows of numel() / dim(0) elements.
+template <class T>
+std::vector<T> download_rows(Device& device, Stream& stream, const Tensor& view) {
+  const std::int64_t rows = view.dim(0);
+  const std::int64_t width = rows ? view.numel() / rows : 0;
+  const std::int64_t span = rows && width ? (rows - 1) * view.stride(0) + width : 0;
+  std::vector<T> packed(static_cast<std::size_t>(rows * width));
+  if (span == 0) return packed;
+  Buffer staging = device.allocate(static_cast<std::size_t>(span) * sizeof(T), MemoryKind::host);
+  stream.copy_bytes(staging.data(), view.data(), staging.bytes());
+  stream.synchronize();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::memcpy(packed.data() + r * width, staging.as<T>() + r * view.stride(0), static_cast<std::size_t>(width) * sizeof(T));
+  }
+  return packed;
+}
+
+}  // namespace sparse_mla::testing

@@ -41,12 +41,19 @@ std::int64_t Tensor::numel() const {
 
 Tensor Tensor::rows(std::int64_t begin, std::int64_t end) const {
   if (rank_ == 0) fail("Tensor::rows", "tensor is undefined");
-  if (begin < 0 || end < begin || end > shape_[0]) {
-    fail("Tensor::rows", "rows [", begin, ", ", end, ") are outside a tensor of shape ", shape_string());
+  return narrow(0, begin, end);
+}
+
+Tensor Tensor::narrow(int dim, std::int64_t begin, std::int64_t end) const {
+  if (dim < 0 || dim >= rank_) fail("Tensor::narrow", "no dimension ", dim, " in a tensor of shape ", shape_string());
+  const auto d = static_cast<std::size_t>(dim);
+  if (begin < 0 || end < begin || end > shape_[d]) {
+    fail("Tensor::narrow", "range [", begin, ", ", end, ") of dimension ", dim, " is outside a tensor of shape ",
+         shape_string());
   }
   Tensor t = *this;
-  t.shape_[0] = end - begin;
-  t.data_ = static_cast<char*>(data_) + static_cast<std::ptrdiff_t>(begin * strides_[0]) *
+  t.shape_[d] = end - begin;
+  t.data_ = static_cast<char*>(data_) + static_cast<std::ptrdiff_t>(begin * strides_[d]) *
                                             static_cast<std::ptrdiff_t>(element_size());
   return t;
 }

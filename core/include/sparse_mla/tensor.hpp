@@ -45,6 +45,9 @@ class Tensor {
 
   // Rows [begin, end) along dimension 0 (torch's t[begin:end]).
   Tensor rows(std::int64_t begin, std::int64_t end) const;
+  // Entries [begin, end) along dimension `dim`, strides kept (torch's
+  // narrow): columns of a wider tensor give rows with a larger row stride.
+  Tensor narrow(int dim, std::int64_t begin, std::int64_t end) const;
   // Every dimension but the first is packed row-major (row stride may be larger).
   bool rows_contiguous() const;
   bool contiguous() const;
