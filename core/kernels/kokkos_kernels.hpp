@@ -9,6 +9,8 @@
 
 #include "fill.hpp"
 #include "fp8_upconvert.hpp"
+#include "hisparse_gather.hpp"
+#include "hisparse_resolve.hpp"
 #include "topk_convert.hpp"
 #include "sparse_mla/kernels.hpp"
 
@@ -30,6 +32,12 @@ class KokkosKernels final : public Kernels {
   }
   void gather_upconvert_fp8(Stream& stream, const Fp8UpconvertArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::gather_upconvert_fp8(s, a); });
+  }
+  void resolve_hisparse(Stream& stream, const HiSparseResolveArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::resolve_hisparse(s, a); });
+  }
+  void gather_hisparse(Stream& stream, const HiSparseGatherArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::gather_hisparse(s, a); });
   }
 };
 

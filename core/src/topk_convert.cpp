@@ -11,10 +11,9 @@ constexpr const char* where = "convert_logical_to_physical_topk";
 constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
 }  // namespace
 
-TopkConversion convert_logical_to_physical_topk(Stream& stream, const Tensor& req_id, const Tensor& block_table,
-                                                const Tensor& logical, const TopkConvertParams& params,
-                                                const Tensor& out, const Tensor& valid_counts_out) {
-  Device& device = stream.device();
+void check_logical_to_physical_topk(const Device& device, const Tensor& req_id, const Tensor& block_table,
+                                    const Tensor& logical, const TopkConvertParams& params, const Tensor& out,
+                                    const Tensor& valid_counts_out) {
   check(where, "logical top-k", logical).dtype(DType::i32).rank(2).rows_contiguous().on(device);
   const std::int64_t T = logical.dim(0);
   const std::int64_t K = logical.dim(1);
@@ -44,6 +43,17 @@ TopkConversion convert_logical_to_physical_topk(Stream& stream, const Tensor& re
     check(where, "valid_counts_out", valid_counts_out).dtype(DType::i32).rank(1).contiguous()
         .dim_at_least(0, T, "one per token").on(device);
   }
+}
+
+TopkConversion convert_logical_to_physical_topk(Stream& stream, const Tensor& req_id, const Tensor& block_table,
+                                                const Tensor& logical, const TopkConvertParams& params,
+                                                const Tensor& out, const Tensor& valid_counts_out) {
+  Device& device = stream.device();
+  check_logical_to_physical_topk(device, req_id, block_table, logical, params, out, valid_counts_out);
+  const std::int64_t T = logical.dim(0);
+  const std::int64_t K = logical.dim(1);
+  const std::int64_t stride = params.block_stride_rows == 0 ? params.block_size : params.block_stride_rows;
+  const bool prefill = params.workspace_request.defined() || params.workspace_starts.defined();
 
   TopkConversion result;
   if (out.defined()) {

@@ -40,6 +40,12 @@ TopkConversion convert_logical_to_physical_topk(Stream& stream, const Tensor& re
                                                 const Tensor& logical, const TopkConvertParams& params,
                                                 const Tensor& out = Tensor(),
                                                 const Tensor& valid_counts_out = Tensor());
+// Every check of convert_logical_to_physical_topk, queueing nothing: for
+// callers that queue other work (a stream wait) before the conversion and
+// must reject before that (the index groups).
+void check_logical_to_physical_topk(const Device& device, const Tensor& req_id, const Tensor& block_table,
+                                    const Tensor& logical, const TopkConvertParams& params,
+                                    const Tensor& out = Tensor(), const Tensor& valid_counts_out = Tensor());
 
 // Host-side deep check for the validating entry points (CLI, debug): reads
 // req_id and block_table (host-visible copies) and checks that every request

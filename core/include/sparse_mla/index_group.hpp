@@ -1,0 +1,185 @@
+// Index groups (SPEC section 4): the layers that reuse one sparse-indexer
+// result convert its logical top-k to physical KV-cache rows once per group
+// per decode step, on the group's side stream, instead of once per layer.
+//
+// Mirrors the reference's SparseMLAIndexGroup and SparseMLAIndexGroupBuilder
+// method for method. C++ has no "current stream", so every per-step method
+// takes the compute stream explicitly. docs/index_groups.md walks through
+// one decode step.
+//
+// Extension point (HiSparse, SPEC section 5): HiSparseMLAIndexGroup derives
+// from SparseMLAIndexGroup and overrides the virtual per-layer methods; the
+// builder creates it in SparseMLAIndexGroupBuilder::create_group, the one
+// place that decides a new group's class, when the LayerConfig carries a
+// HiSparse configuration.
+//
+// Threading: one host thread drives a group (like the engine's forward pass).
+// Lifetimes: the group's side stream and events must outlive the work queued
+// on them; synchronise the compute stream before destroying a group.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sparse_mla/batch.hpp"
+#include "sparse_mla/device.hpp"
+#include "sparse_mla/ops.hpp"
+#include "sparse_mla/tensor.hpp"
+
+namespace sparse_mla {
+
+// What register_layer learns about a layer (the reference's keyword
+// arguments). Plain groups need none of it; HiSparse groups size their
+// per-layer caches from it.
+struct LayerConfig {
+  std::int64_t head_size = 0;
+  std::string kv_cache_dtype;  // "fp8_ds_mla", "bfloat16", ...
+};
+
+// Conversions a group has queued. Counted when the host queues them (a CUDA
+// graph replay re-runs captured conversions without counting them again).
+struct ConversionCounts {
+  std::uint64_t decode = 0;   // decode-sized: one per group per step (by the leader)
+  std::uint64_t prefill = 0;  // prefill-sized: one per layer call
+};
+
+class SparseMLAIndexGroup {
+ public:
+  // Allocates the workspace physical[max_decode_rows + 1, K] and
+  // valid_counts[max_decode_rows + 1] (one spare row), creates the side stream
+  // and the events logical_topk_ready and physical_topk_ready.
+  // `logical_topk_buffer` (int32 [max_tokens, K]) is the engine's buffer the
+  // indexer writes; its K is the group's K.
+  SparseMLAIndexGroup(std::shared_ptr<Device> device, const Tensor& logical_topk_buffer,
+                      std::int64_t max_decode_rows, bool has_indexer);
+  virtual ~SparseMLAIndexGroup();
+  SparseMLAIndexGroup(const SparseMLAIndexGroup&) = delete;
+  SparseMLAIndexGroup& operator=(const SparseMLAIndexGroup&) = delete;
+
+  // Adds a layer; returns its index in the group (0 is the leader).
+  virtual int register_layer(const LayerConfig& config = {});
+
+  // Step 1: the leader of a group with an indexer records logical_topk_ready
+  // on `compute` (after the indexer's writes), except in piecewise capture
+  // mode. Other layers: nothing.
+  virtual void set_logical_topk_ready(int layer_index, Stream& compute);
+
+  // Step 2: nothing for plain groups (HiSparse: the leader prepares the
+  // group's caches).
+  virtual void prepare_for_batch(int layer_index, const BatchMetadata& batch, Stream& compute);
+
+  // Step 3: physical rows for `logical_topk` (int32 [T, K], at most max_tokens
+  // rows: normally the first T rows of the logical top-k buffer).
+  // Decode-sized (T <= max_decode_rows + 1): the leader converts once on the
+  // side stream into the workspace; every layer makes `compute` wait for
+  // physical_topk_ready and gets views of the workspace's first T rows.
+  // Prefill-sized: converts on `compute` into fresh buffers, every call.
+  // block_stride_rows 0 means batch.block_size. valid_counts is defined only
+  // when return_valid_counts is set. A prefill-sized result owns its buffers:
+  // keep it until the compute stream has read them.
+  [[nodiscard]] virtual TopkConversion convert_logical_to_physical_topk(int layer_index, Stream& compute,
+                                                          const Tensor& logical_topk, const BatchMetadata& batch,
+                                                          std::int64_t block_stride_rows, bool return_valid_counts);
+
+  // Piecewise capture mode (SPEC section 4): no event recorded inside a
+  // captured piece is waited on from outside it; the leader's side stream
+  // waits for the compute stream instead. Set it before the step's calls.
+  void set_piecewise_capture(bool enabled) { piecewise_capture_ = enabled; }
+  bool piecewise_capture() const { return piecewise_capture_; }
+
+  bool has_indexer() const { return has_indexer_; }
+  int num_layers() const { return num_layers_; }
+  std::int64_t top_k() const { return logical_topk_buffer_.dim(1); }
+  std::int64_t max_decode_rows() const { return max_decode_rows_; }
+  std::int64_t workspace_rows() const { return max_decode_rows_ + 1; }
+  bool is_decode_sized(std::int64_t num_tokens) const { return num_tokens <= workspace_rows(); }
+  ConversionCounts conversion_counts() const { return counts_; }
+
+  Device& device() const { return *device_; }
+  // The group's resources, for derived groups and for tests that poison the
+  // workspace or inspect the events.
+  const Tensor& physical_workspace() const { return physical_workspace_; }
+  const Tensor& valid_counts_workspace() const { return valid_counts_workspace_; }
+  Stream& side_stream() const { return *side_stream_; }
+  Event& logical_topk_ready() const { return *logical_topk_ready_; }
+  Event& physical_topk_ready() const { return *physical_topk_ready_; }
+
+ protected:
+  // The reference's _convert_once: the conversion with explicit tables, for
+  // derived groups that take them from elsewhere (HiSparse prefill).
+  [[nodiscard]] TopkConversion convert_once(int layer_index, Stream& compute, const Tensor& logical_topk,
+                              const Tensor& req_id_per_token, const Tensor& block_table, std::int32_t block_size,
+                              std::int64_t block_stride_rows, bool return_valid_counts);
+  // Throws unless `layer_index` is a registered layer and `compute` is a
+  // stream of this group's device.
+  void check_layer(const char* where, int layer_index, const Stream& compute) const;
+
+ private:
+  struct Conversion;  // one convert_once call's arguments
+  void check_conversion(const Conversion& c) const;
+  void check_follower(const Conversion& c) const;
+  TopkConversion convert_prefill_sized(const Conversion& c);
+  void join_side_stream(Stream& compute);
+  void convert_for_group(const Conversion& c);
+  TopkConversion workspace_rows_view(std::int64_t num_tokens, bool return_valid_counts) const;
+
+  std::shared_ptr<Device> device_;
+  Tensor logical_topk_buffer_;
+  std::int64_t max_decode_rows_;
+  bool has_indexer_;
+  bool piecewise_capture_ = false;
+  int num_layers_ = 0;
+  ConversionCounts counts_;
+  // What the leader's last decode-sized conversion produced, so that a
+  // follower asking for other rows is refused instead of reading stale ones.
+  std::int64_t leader_rows_ = -1;
+  bool leader_counted_ = false;
+  Buffer physical_storage_;
+  Buffer valid_counts_storage_;
+  Tensor physical_workspace_;
+  Tensor valid_counts_workspace_;
+  std::unique_ptr<Event> logical_topk_ready_;
+  std::unique_ptr<Event> physical_topk_ready_;
+  std::unique_ptr<Stream> side_stream_;  // declared last: destroyed first, draining its work
+};
+
+// Where register_layer put a layer.
+struct LayerRegistration {
+  std::shared_ptr<SparseMLAIndexGroup> group;
+  int index_in_group = 0;
+};
+
+class SparseMLAIndexGroupBuilder {
+ public:
+  // `logical_topk_buffer`: int32 [max_tokens, K] on `device`. Decode-sized
+  // batches have at most max_decode_rows + 1 rows; without a value,
+  // max_decode_rows is max_tokens (the reference's None).
+  SparseMLAIndexGroupBuilder(std::shared_ptr<Device> device, const Tensor& logical_topk_buffer,
+                             std::optional<std::int64_t> max_decode_rows = std::nullopt);
+
+  // Starts a new group when the layer produces indices or when there is no
+  // group yet (then the group has no indexer), and adds the layer to it.
+  LayerRegistration register_layer(bool is_index_producing_layer, const LayerConfig& config = {});
+
+  // Every group created so far, in layer order.
+  const std::vector<std::shared_ptr<SparseMLAIndexGroup>>& groups() const { return groups_; }
+  // Sets piecewise capture mode on every group, present and future.
+  void set_piecewise_capture(bool enabled);
+  std::int64_t max_decode_rows() const { return max_decode_rows_; }
+
+ private:
+  // The one place that decides a new group's class (HiSparse: see the top of
+  // this file).
+  std::shared_ptr<SparseMLAIndexGroup> create_group(bool has_indexer, const LayerConfig& config);
+
+  std::shared_ptr<Device> device_;
+  Tensor logical_topk_buffer_;
+  std::int64_t max_decode_rows_;
+  bool piecewise_capture_ = false;
+  std::vector<std::shared_ptr<SparseMLAIndexGroup>> groups_;
+};
+
+}  // namespace sparse_mla
