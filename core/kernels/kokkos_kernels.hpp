@@ -8,6 +8,8 @@
 #pragma once
 
 #include "fill.hpp"
+#include "hisparse_gather.hpp"
+#include "hisparse_resolve.hpp"
 #include "topk_convert.hpp"
 #include "sparse_mla/kernels.hpp"
 
@@ -26,6 +28,12 @@ class KokkosKernels final : public Kernels {
   }
   void convert_topk(Stream& stream, const TopkConvertArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::convert_topk(s, a); });
+  }
+  void resolve_hisparse(Stream& stream, const HiSparseResolveArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::resolve_hisparse(s, a); });
+  }
+  void gather_hisparse(Stream& stream, const HiSparseGatherArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::gather_hisparse(s, a); });
   }
 };
 

@@ -43,6 +43,82 @@ struct TopkConvertArgs {
   const std::int32_t* workspace_starts;   // [num_prefill_requests], or nullptr
 };
 
+// SPEC section 5, swap-in: one team per batch row resolves the row's logical
+// top-k against its state row's hot slots (slot_rows, lru) and produces the
+// hot and attention rows plus the compact swap list the row gather copies.
+// Batch-row indexed: logical, request_ids, request_state_indices,
+// hot_block_table and every output. State-row indexed: slot_rows, lru.
+struct HiSparseResolveArgs {
+  const std::int32_t* logical;  // [num_rows, top_k], row stride logical_stride
+  std::int64_t logical_stride;
+  const std::int32_t* request_ids;            // [num_rows]: row of the source/resident tables
+  const std::int32_t* request_state_indices;  // [num_rows]: state row, -1 = padding; nullptr = batch row
+  // Source (host pool) block table: host row g = block * source_block_size + offset.
+  const std::int32_t* source_block_table;
+  std::int64_t source_table_stride;
+  std::int32_t source_num_requests;
+  std::int32_t source_blocks_per_request;
+  std::int32_t source_block_size;
+  std::int64_t host_rows;  // g >= host_rows resolves to -1
+  // Resident (device) block table, or nullptr; a block equal to
+  // resident_null_block (or negative) is not resident.
+  const std::int32_t* resident_block_table;
+  std::int64_t resident_table_stride;
+  std::int32_t resident_num_requests;
+  std::int32_t resident_blocks_per_request;
+  std::int32_t resident_block_size;
+  std::int32_t resident_null_block;
+  // Hot block table, by batch row: slot s is hot row
+  // hot_block_table[row, s / hot_block_size] * hot_block_size + s % hot_block_size.
+  const std::int32_t* hot_block_table;
+  std::int64_t hot_table_stride;
+  std::int32_t hot_block_size;
+  std::int64_t attention_block_stride;  // attention index = (x / hot_block_size) * this + x % hot_block_size
+  // Slot state, by state row: host row held by each slot (-1 empty) and the
+  // LRU order (a permutation of [0, hot_slots), least recent first).
+  std::int32_t* slot_rows;
+  std::int64_t slot_rows_stride;
+  std::int16_t* lru;
+  std::int64_t lru_stride;
+  std::int32_t num_state_rows;  // a state index outside [0, num_state_rows) is treated as padding
+  // Outputs, [num_rows, top_k] with row stride out_stride unless noted.
+  std::int32_t* hot_indices;
+  std::int32_t* attention_indices;  // row stride attention_stride; nullptr = not written
+  std::int64_t attention_stride;
+  std::int32_t* resolved_rows;  // host row g of every entry, or nullptr
+  std::int32_t* miss_mask;      // 1 at the first entry of each row loaded this step, or nullptr
+  std::int32_t* swap_host_rows;    // compact swap list: only the first swap_counts[row] entries are written
+  std::int32_t* swap_device_rows;  // (hot rows)
+  std::int64_t out_stride;
+  std::int32_t* valid_counts;  // [num_rows] or nullptr
+  std::int32_t* swap_counts;   // [num_rows]
+  unsigned long long* hit_miss_counters;  // [2]: += hits, += misses (atomically), or nullptr
+  std::int64_t num_rows;
+  std::int32_t top_k;
+  std::int32_t hot_slots;  // H, >= top_k, <= 32768
+};
+
+// Copies swap pair j < swap_counts[row] of every row: host row
+// swap_host_rows[row, j] of the pinned host pool into hot row
+// swap_device_rows[row, j] of the hot cache (read over the host link,
+// zero-copy). A host row >= host_rows zero-fills its hot row; a negative
+// host row or a hot row outside [0, hot_rows) is skipped.
+struct HiSparseGatherArgs {
+  const std::uint8_t* host_pool;  // [host_rows, row_bytes]
+  std::int64_t host_rows;
+  std::uint8_t* hot_cache;  // hot row x at (x / hot_block_size) * hot_block_stride_bytes + (x % hot_block_size) * row_bytes
+  std::int64_t hot_rows;
+  std::int32_t hot_block_size;
+  std::int64_t hot_block_stride_bytes;
+  std::int64_t row_bytes;  // a multiple of 16
+  const std::int32_t* swap_host_rows;  // [num_rows, max_swaps], row stride swap_stride
+  const std::int32_t* swap_device_rows;
+  std::int64_t swap_stride;
+  const std::int32_t* swap_counts;  // [num_rows], read on the device (clamped to [0, max_swaps])
+  std::int64_t num_rows;
+  std::int32_t max_swaps;
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -55,6 +131,10 @@ class Kernels {
   virtual void fill_i32(Stream& stream, const FillI32Args& args) const = 0;
   // core/kernels/topk_convert.hpp
   virtual void convert_topk(Stream& stream, const TopkConvertArgs& args) const = 0;
+  // core/kernels/hisparse_resolve.hpp
+  virtual void resolve_hisparse(Stream& stream, const HiSparseResolveArgs& args) const = 0;
+  // core/kernels/hisparse_gather.hpp
+  virtual void gather_hisparse(Stream& stream, const HiSparseGatherArgs& args) const = 0;
 };
 
 }  // namespace sparse_mla

@@ -1,0 +1,70 @@
+// HiSparse row gather (SPEC section 5): copies every swap pair of the resolve
+// from the pinned host pool into the hot cache, reading host memory directly
+// from the kernel (zero-copy over the host link) in 16-byte units.
+//
+// The swap counts stay on the device: the launch covers the most swaps a row
+// can have (top-k) and each team reads its row's count, so a decode step
+// needs no host synchronisation. On GPUs a row's pairs are spread over
+// several teams (like the reference, more when there are few rows, to keep
+// many host reads in flight); each team thread copies one pair with its
+// vector lanes.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include "space_traits.hpp"
+#include "sparse_mla/kernels.hpp"
+
+namespace sparse_mla::kernels {
+
+template <class Space>
+struct HiSparseGather {
+  using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
+  HiSparseGatherArgs a;
+  int teams_per_row;
+
+  KOKKOS_INLINE_FUNCTION std::uint8_t* hot_row_bytes(std::int32_t x) const {
+    return a.hot_cache + (x / a.hot_block_size) * a.hot_block_stride_bytes + (x % a.hot_block_size) * a.row_bytes;
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
+    const std::int64_t row = team.league_rank() / teams_per_row;
+    const int part = team.league_rank() % teams_per_row;
+    std::int32_t count = a.swap_counts[row];
+    count = count < 0 ? 0 : (count > a.max_swaps ? a.max_swaps : count);
+    const std::int64_t units = a.row_bytes / 16;
+    // Pairs part, part + teams_per_row, ... of this row, one per team thread.
+    const std::int32_t mine = count > part ? (count - part + teams_per_row - 1) / teams_per_row : 0;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, mine), [&](const std::int32_t k) {
+      const std::int64_t j = part + static_cast<std::int64_t>(k) * teams_per_row;
+      const std::int32_t g = a.swap_host_rows[row * a.swap_stride + j];
+      const std::int32_t x = a.swap_device_rows[row * a.swap_stride + j];
+      if (g < 0 || x < 0 || x >= a.hot_rows) return;
+      Int4* dst = reinterpret_cast<Int4*>(hot_row_bytes(x));
+      if (g < a.host_rows) {
+        const Int4* src = reinterpret_cast<const Int4*>(a.host_pool + g * a.row_bytes);
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, units), [&](const std::int64_t u) { dst[u] = src[u]; });
+      } else {
+        // No host row to read: a zeroed row, never the bytes a slot held before.
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, units), [&](const std::int64_t u) { dst[u] = Int4{0, 0, 0, 0}; });
+      }
+    });
+  }
+};
+
+template <class Space>
+void gather_hisparse(const Space& space, const HiSparseGatherArgs& a) {
+  if (a.num_rows == 0 || a.max_swaps == 0) return;
+  // GPUs: 16 pair copiers of 32 lanes (512 threads) per team, and up to 8
+  // teams per row when the batch is small. The host: one team per row.
+  const int teams_per_row =
+      is_host_space<Space> ? 1 : static_cast<int>(a.num_rows >= 64 ? 1 : (64 / a.num_rows > 8 ? 8 : 64 / a.num_rows));
+  const int team_size = row_team_size<Space>(16);
+  const int vector_length = is_host_space<Space> ? 1 : 32;
+  Kokkos::parallel_for("sparse_mla::gather_hisparse",
+                       Kokkos::TeamPolicy<Space>(space, static_cast<int>(a.num_rows) * teams_per_row, team_size,
+                                                 vector_length),
+                       HiSparseGather<Space>{a, teams_per_row});
+}
+
+}  // namespace sparse_mla::kernels

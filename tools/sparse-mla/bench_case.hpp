@@ -1,0 +1,71 @@
+// What `sparse-mla bench` times: one BenchCase per kernel and shape.
+//
+// A case owns its inputs and outputs for several *rotation sets*: copies of
+// the working set at different addresses, so that consecutive launches do
+// not find their data in the device's L2 (the timed launch i uses set
+// i % sets). bench.cpp decides how many sets fit, times launch() with the
+// method of bench_timing.hpp and checks the output once with check().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sparse_mla/device.hpp"
+
+namespace sparse_mla::cli {
+
+// Bytes one launch moves, counted as the issues count them (reads and
+// writes of the data the kernel exists to move; table reads are extra).
+struct Traffic {
+  std::uint64_t read = 0;
+  std::uint64_t written = 0;
+  std::uint64_t total() const { return read + written; }
+};
+
+// Which copy ceiling a case is compared with: device memory to device memory,
+// or pinned host memory read by the device (over the host link).
+enum class Ceiling { device_copy, pinned_copy };
+const char* ceiling_name(Ceiling ceiling);
+
+class BenchCase {
+ public:
+  virtual ~BenchCase() = default;
+  virtual Traffic traffic() const = 0;
+  // Device memory one rotation set occupies (inputs and outputs).
+  virtual std::size_t set_bytes() const = 0;
+  // Allocates `sets` rotation sets and fills their inputs.
+  virtual void setup(Device& device, Stream& stream, int sets) = 0;
+  // Queues one launch on `stream` over rotation set `set`. Must not allocate
+  // or synchronise: it may be captured into a graph.
+  virtual void launch(Stream& stream, int set) = 0;
+  // Poisons set 0's outputs, launches once and compares them with a cheap
+  // independent reference. Returns "" or what differs (first mismatch).
+  virtual std::string check(Device& device, Stream& stream) = 0;
+};
+
+struct CaseSpec {
+  std::string name;   // "convert/T=256": kernel, then shape
+  std::string shape;  // "K=2048, 256 tokens", for the table
+  Ceiling ceiling = Ceiling::device_copy;
+  // A ceiling case measures its ceiling (a plain copy) instead of being
+  // compared with it; ceilings run whatever --filter says.
+  bool is_ceiling = false;
+  std::function<std::unique_ptr<BenchCase>()> make;
+};
+
+// Sizes that depend on --quick and the options.
+struct BenchConfig {
+  bool quick = false;
+  std::uint64_t seed = 0;
+  std::size_t copy_bytes = 0;  // size of the copy-ceiling buffers
+};
+
+// The cases, in the order they run; each family lives in its own file.
+void add_copy_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
+void add_convert_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
+
+}  // namespace sparse_mla::cli
