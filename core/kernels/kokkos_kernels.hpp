@@ -9,7 +9,9 @@
 
 #include "fill.hpp"
 #include "hisparse_gather.hpp"
+#include "hisparse_mirror.hpp"
 #include "hisparse_resolve.hpp"
+#include "hisparse_stage.hpp"
 #include "topk_convert.hpp"
 #include "sparse_mla/kernels.hpp"
 
@@ -34,6 +36,15 @@ class KokkosKernels final : public Kernels {
   }
   void gather_hisparse(Stream& stream, const HiSparseGatherArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::gather_hisparse(s, a); });
+  }
+  void write_hisparse_rows(Stream& stream, const HiSparseWriteRowsArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::write_hisparse_rows(s, a); });
+  }
+  void invalidate_hisparse_slots(Stream& stream, const HiSparseInvalidateArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::invalidate_hisparse_slots(s, a); });
+  }
+  void stage_hisparse_rows(Stream& stream, const HiSparseStageArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::stage_hisparse_rows(s, a); });
   }
 };
 

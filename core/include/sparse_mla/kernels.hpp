@@ -72,6 +72,7 @@ struct HiSparseResolveArgs {
   // hot_block_table[row, s / hot_block_size] * hot_block_size + s % hot_block_size.
   const std::int32_t* hot_block_table;
   std::int64_t hot_table_stride;
+  bool hot_table_by_state;  // index the hot block table by state row instead (a table owned per state)
   std::int32_t hot_block_size;
   std::int64_t attention_block_stride;  // attention index = (x / hot_block_size) * this + x % hot_block_size
   // Slot state, by state row: host row held by each slot (-1 empty) and the
@@ -119,6 +120,50 @@ struct HiSparseGatherArgs {
   std::int32_t max_swaps;
 };
 
+// Host mirror (SPEC section 5): row n of `rows` (row stride rows_stride
+// bytes) is written to host row host_row_ids[n] of the pinned host pool; a
+// host row outside [0, host_rows) is skipped.
+struct HiSparseWriteRowsArgs {
+  const std::uint8_t* rows;
+  std::int64_t rows_stride;
+  const std::int32_t* host_row_ids;  // [num_rows]
+  std::uint8_t* host_pool;           // [host_rows, row_bytes]
+  std::int64_t host_rows;
+  std::int64_t row_bytes;  // a multiple of 16
+  std::int64_t num_rows;
+};
+
+// Every hot slot of state row state_rows[n] that holds host row
+// host_row_ids[n] becomes empty (-1). Negative or out-of-range entries are
+// skipped.
+struct HiSparseInvalidateArgs {
+  std::int32_t* slot_rows;  // [num_state_rows, >= hot_slots]
+  std::int64_t slot_rows_stride;
+  std::int32_t hot_slots;
+  std::int32_t num_state_rows;
+  const std::int32_t* host_row_ids;  // [num_rows]
+  const std::int32_t* state_rows;    // [num_rows]
+  std::int64_t num_rows;
+};
+
+// Prefill staging (SPEC section 5): staged row n is resident device row
+// device_row_ids[n] when that is >= 0, else host row host_row_ids[n] of the
+// pinned pool read directly (zero-copy); a row with neither (the unused
+// tail, or a host row outside the pool) is zero-filled.
+struct HiSparseStageArgs {
+  const std::uint8_t* host_pool;  // [host_rows, row_bytes]
+  std::int64_t host_rows;
+  const std::uint8_t* resident_cache;  // row x at (x / resident_block_size) * resident_block_stride_bytes + ..., or nullptr
+  std::int64_t resident_rows;
+  std::int32_t resident_block_size;
+  std::int64_t resident_block_stride_bytes;
+  const std::int32_t* host_row_ids;    // [num_rows]
+  const std::int32_t* device_row_ids;  // [num_rows] or nullptr
+  std::uint8_t* staged;                // [num_rows, row_bytes]
+  std::int64_t row_bytes;              // a multiple of 16
+  std::int64_t num_rows;
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -135,6 +180,11 @@ class Kernels {
   virtual void resolve_hisparse(Stream& stream, const HiSparseResolveArgs& args) const = 0;
   // core/kernels/hisparse_gather.hpp
   virtual void gather_hisparse(Stream& stream, const HiSparseGatherArgs& args) const = 0;
+  // core/kernels/hisparse_mirror.hpp
+  virtual void write_hisparse_rows(Stream& stream, const HiSparseWriteRowsArgs& args) const = 0;
+  virtual void invalidate_hisparse_slots(Stream& stream, const HiSparseInvalidateArgs& args) const = 0;
+  // core/kernels/hisparse_stage.hpp
+  virtual void stage_hisparse_rows(Stream& stream, const HiSparseStageArgs& args) const = 0;
 };
 
 }  // namespace sparse_mla
