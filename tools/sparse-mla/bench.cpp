@@ -186,19 +186,19 @@ void add_bench(CLI::App& app, Commands& commands) {
   auto options = std::make_shared<BenchOptions>();
   auto* bench = app.add_subcommand("bench", "Time the kernels at DeepSeek-V3.2 shapes against copy ceilings measured in the same run");
   bench->add_option("--backend", options->backend, "Backend to run on: host, cuda or hip")->capture_default_str();
-  bench->add_option("--device", options->device, "Device index")->capture_default_str()->check(CLI::NonNegativeNumber);
+  bench->add_option("--device", options->device, "Device index")->capture_default_str()->check(CLI::Range(0, 1023));
   bench->add_flag("--quick", options->quick, "A run of seconds: fewer replays, small rotation, the large shapes shrunk");
   bench->add_flag("--json", options->json, "Print the results as JSON on stdout");
   bench->add_flag("--list", options->list, "List the cases (after --filter) and exit");
   bench->add_option("--filter", options->filters, "Run only cases whose name matches this regular expression (repeatable)");
-  bench->add_option("--repeat", options->repeat, "Timed replays per case (default 20, --quick 5)")->check(CLI::PositiveNumber);
-  bench->add_option("--warmup", options->warmup, "Untimed replays per case (default 3, --quick 1)")->check(CLI::NonNegativeNumber);
+  bench->add_option("--repeat", options->repeat, "Timed replays per case (default 20, --quick 5)")->check(CLI::Range(1, 100000));
+  bench->add_option("--warmup", options->warmup, "Untimed replays per case (default 3, --quick 1)")->check(CLI::Range(0, 100000));
   bench->add_option("--min-launches", options->min_launches, "Launches per replay at least (default 10, --quick 2)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 100000));
   bench->add_option("--rotate-mib", options->rotate_mib, "Rotate each case through at least this many MiB of inputs (default 200, --quick 8)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
   bench->add_option("--memory-mib", options->memory_mib, "Most memory one case may use (default a quarter of the device's, --quick 512)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24));
   bench->add_option("--seed", options->seed, "Seed of the generated inputs")->capture_default_str();
   bench->callback([&commands, options] { commands.run = [options] { return run_bench(*options); }; });
 }
