@@ -8,6 +8,7 @@
 #pragma once
 
 #include "fill.hpp"
+#include "fp8_upconvert.hpp"
 #include "hisparse_gather.hpp"
 #include "hisparse_mirror.hpp"
 #include "hisparse_resolve.hpp"
@@ -30,6 +31,9 @@ class KokkosKernels final : public Kernels {
   }
   void convert_topk(Stream& stream, const TopkConvertArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::convert_topk(s, a); });
+  }
+  void gather_upconvert_fp8(Stream& stream, const Fp8UpconvertArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::gather_upconvert_fp8(s, a); });
   }
   void resolve_hisparse(Stream& stream, const HiSparseResolveArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::resolve_hisparse(s, a); });

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "sparse_mla/fp8.hpp"
+
 namespace sparse_mla {
 
 class Stream;
@@ -41,6 +43,44 @@ struct TopkConvertArgs {
   std::int32_t block_stride_rows;
   const std::int32_t* workspace_request;  // [num_tokens], or nullptr
   const std::int32_t* workspace_starts;   // [num_prefill_requests], or nullptr
+};
+
+// SPEC section 3. Request r (< batch) fills output rows
+// [min(ws[r], T), min(ws[r+1] or T, T)) with T = total_rows; its i-th row is
+// source token s = seq_starts[r] + i (or i), found through
+// block_table[r, s / block_size] and s % block_size. Element e < 512 of an
+// output row is bf16_rne(float(fp8[e]) * scale[e / 128]), elements 512..575
+// copy the RoPE part. A row whose source is invalid (block past the table,
+// block id or row id outside its cache, negative position) is not written.
+struct Fp8UpconvertArgs {
+  // The device cache [cache_blocks, cache_block_size, 656], strides in bytes.
+  const std::uint8_t* cache;
+  std::int64_t cache_block_stride;
+  std::int64_t cache_row_stride;
+  std::int64_t cache_blocks;
+  std::int32_t cache_block_size;
+  std::uint16_t* dst;  // bf16 [total_rows, 576], row stride dst_row_stride elements
+  std::int64_t dst_row_stride;
+  std::int32_t total_rows;
+  const std::int32_t* block_table;  // [>= batch, blocks_per_request], row stride block_table_stride
+  std::int64_t block_table_stride;
+  std::int32_t blocks_per_request;
+  const std::int32_t* workspace_starts;  // [batch]
+  const std::int32_t* seq_starts;        // [batch], or nullptr
+  std::int32_t batch;
+  std::int32_t block_size;  // of the block table's pages
+  Fp8Format format;
+  // Host-backed variant (host_cache != nullptr): block_table holds staged
+  // blocks; staged row n = block_table[r, s / block_size] * block_size +
+  // s % block_size reads device cache row device_row_ids[n] when that is
+  // >= 0 (flat: row / cache_block_size, row % cache_block_size), otherwise
+  // host_cache row host_row_ids[n], straight from pinned host memory.
+  const std::uint8_t* host_cache;  // [host_rows, 656], row stride host_row_stride bytes
+  std::int64_t host_row_stride;
+  std::int64_t host_rows;
+  const std::int32_t* host_row_ids;    // [staged_rows]
+  const std::int32_t* device_row_ids;  // [staged_rows]
+  std::int64_t staged_rows;
 };
 
 // SPEC section 5, swap-in: one team per batch row resolves the row's logical
@@ -176,6 +216,8 @@ class Kernels {
   virtual void fill_i32(Stream& stream, const FillI32Args& args) const = 0;
   // core/kernels/topk_convert.hpp
   virtual void convert_topk(Stream& stream, const TopkConvertArgs& args) const = 0;
+  // core/kernels/fp8_upconvert.hpp
+  virtual void gather_upconvert_fp8(Stream& stream, const Fp8UpconvertArgs& args) const = 0;
   // core/kernels/hisparse_resolve.hpp
   virtual void resolve_hisparse(Stream& stream, const HiSparseResolveArgs& args) const = 0;
   // core/kernels/hisparse_gather.hpp
