@@ -16,7 +16,7 @@
 
 #include "backend_test.hpp"
 #include "host/host_device.hpp"
-#include "reference/physical_topk_reference.hpp"
+#include "reference/topk_reference.hpp"
 #include "sparse_mla/error.hpp"
 #include "sparse_mla/host_debug.hpp"
 #include "sparse_mla/index_group.hpp"
@@ -106,10 +106,18 @@ std::vector<std::int32_t> random_logical(std::mt19937_64& rng, const Tables& t, 
   return logical;
 }
 
-reference::PhysicalTopk expected(const Tables& t, const std::vector<std::int32_t>& logical, std::int64_t num_tokens,
-                                 std::int64_t top_k, std::int64_t block_stride_rows = 0) {
-  return reference::logical_to_physical_topk(t.req_id, t.block_table, t.blocks_per_request, logical, num_tokens,
-                                             top_k, t.block_size, block_stride_rows);
+reference::TopkOutputs expected(const Tables& t, const std::vector<std::int32_t>& logical, std::int64_t num_tokens,
+                                std::int64_t top_k, std::int32_t block_stride_rows = 0) {
+  reference::TopkInputs in;
+  in.num_tokens = num_tokens;
+  in.num_topk = top_k;
+  in.blocks_per_request = t.blocks_per_request;
+  in.block_size = t.block_size;
+  in.block_stride_rows = block_stride_rows == 0 ? t.block_size : block_stride_rows;
+  in.req_id = t.req_id;
+  in.block_table = t.block_table;
+  in.logical = logical;
+  return reference::convert_topk(in);
 }
 
 // The engine's indexer: writes `logical` into the buffer on the compute
@@ -143,7 +151,7 @@ struct LayerCapture {
   }
 };
 
-void expect_matches(Device& device, Stream& compute, const LayerCapture& c, const reference::PhysicalTopk& want,
+void expect_matches(Device& device, Stream& compute, const LayerCapture& c, const reference::TopkOutputs& want,
                     const std::string& what) {
   EXPECT_EQ(download<std::int32_t>(device, compute, c.physical, want.physical.size()), want.physical) << what;
   EXPECT_EQ(download<std::int32_t>(device, compute, c.counts, want.valid_counts.size()), want.valid_counts) << what;

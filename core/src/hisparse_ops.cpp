@@ -114,10 +114,15 @@ T* data_or_null(const Tensor& t) {
 
 }  // namespace
 
+void check_resolve_hisparse(const Device& device, const HiSparseResolveInputs& inputs, const HiSparseSlotState& state,
+                            std::int32_t hot_slots, const HiSparseResolveOutputs& outputs) {
+  check_resolve(inputs, state, hot_slots, outputs, device);
+}
+
 void resolve_hisparse(Stream& stream, const HiSparseResolveInputs& in, const HiSparseSlotState& state,
                       std::int32_t H, const HiSparseResolveOutputs& out) {
   Device& device = stream.device();
-  check_resolve(in, state, H, out, device);
+  check_resolve_hisparse(device, in, state, H, out);
   HiSparseResolveArgs a{};
   a.logical = in.logical.data_as<std::int32_t>();
   a.logical_stride = in.logical.stride(0);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "sparse_mla/error.hpp"
+#include "sparse_mla/hisparse.hpp"
 
 namespace sparse_mla {
 
@@ -202,8 +203,14 @@ void SparseMLAIndexGroupBuilder::set_piecewise_capture(bool enabled) {
 }
 
 std::shared_ptr<SparseMLAIndexGroup> SparseMLAIndexGroupBuilder::create_group(bool has_indexer,
-                                                                              const LayerConfig& /*config*/) {
-  auto group = std::make_shared<SparseMLAIndexGroup>(device_, logical_topk_buffer_, max_decode_rows_, has_indexer);
+                                                                              const LayerConfig& config) {
+  std::shared_ptr<SparseMLAIndexGroup> group;
+  if (config.hisparse) {
+    group = std::make_shared<HiSparseMLAIndexGroup>(device_, logical_topk_buffer_, max_decode_rows_, has_indexer,
+                                                    *config.hisparse);
+  } else {
+    group = std::make_shared<SparseMLAIndexGroup>(device_, logical_topk_buffer_, max_decode_rows_, has_indexer);
+  }
   group->set_piecewise_capture(piecewise_capture_);
   return group;
 }

@@ -51,6 +51,10 @@ struct HiSparseResolveOutputs {
 // hot_indices, resolved_rows, miss_mask and the swap lists must share one row stride.
 void resolve_hisparse(Stream& stream, const HiSparseResolveInputs& inputs, const HiSparseSlotState& state,
                       std::int32_t hot_slots, const HiSparseResolveOutputs& outputs);
+// Every check of resolve_hisparse, queueing nothing (for callers that queue
+// other work first and must reject before it).
+void check_resolve_hisparse(const Device& device, const HiSparseResolveInputs& inputs, const HiSparseSlotState& state,
+                            std::int32_t hot_slots, const HiSparseResolveOutputs& outputs);
 
 // One layer's copy of the swap pairs of `num_rows` batch rows.
 struct HiSparseGatherTensors {

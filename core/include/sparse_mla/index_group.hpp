@@ -26,6 +26,7 @@
 
 #include "sparse_mla/batch.hpp"
 #include "sparse_mla/device.hpp"
+#include "sparse_mla/hisparse_config.hpp"
 #include "sparse_mla/ops.hpp"
 #include "sparse_mla/tensor.hpp"
 
@@ -37,6 +38,9 @@ namespace sparse_mla {
 struct LayerConfig {
   std::int64_t head_size = 0;
   std::string kv_cache_dtype;  // "fp8_ds_mla", "bfloat16", ...
+  // Set: the builder creates HiSparse groups (sparse_mla/hisparse.hpp) with
+  // this configuration.
+  std::optional<HiSparseConfig> hisparse;
 };
 
 // Conversions a group has queued. Counted when the host queues them (a CUDA
