@@ -288,6 +288,25 @@ TEST_P(HiSparseResolveTest, RandomStepsWithEvictionsLoseNothing) {
   run_random_steps(rig, shape, state, 12, rng, false);
 }
 
+TEST_P(HiSparseResolveTest, HotTableByStateRowMatchesTheTableByBatchRow) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(11);
+  auto stream = device->create_stream();
+  Shape shape;
+  shape.hot_slots = 100;  // not a multiple of the hot block size
+  shape.requests = shape.states = 6;
+  const HiSparseTables t = make_tables(shape, rng);
+  HiSparseState state(shape.states, t.hot_slots);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng);
+  std::vector<std::int32_t> by_state;
+  for (std::int32_t s = 0; s < shape.states; ++s) {
+    const auto blocks = hot_blocks_of_state(t, s);
+    by_state.insert(by_state.end(), blocks.begin(), blocks.end());
+  }
+  rig.hot_table_by_state = device_tensor(*device, *stream, by_state, {shape.states, t.hot_blocks_per_row});
+  run_random_steps(rig, shape, state, 8, rng, false);
+}
+
 TEST_P(HiSparseResolveTest, ResidentPagesBypassTheLru) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(4);

@@ -25,6 +25,9 @@ struct HiSparseRig {
   std::vector<std::uint8_t> host_pool_bytes;
   DeviceTensor source, resident, slot_rows, lru, host_pool, hot_cache, counters;
   DeviceTensor hot_indices, attention, resolved, miss, swap_host, swap_device, valid, swaps;
+  // When defined, the resolve reads this table by state row (hot_table_by_state)
+  // instead of the step's table by batch row.
+  DeviceTensor hot_table_by_state;
 
   HiSparseRig(Device& d, Stream& s, const reference::HiSparseTables& t, const reference::HiSparseState& state,
               std::int32_t rows, std::int64_t bytes_per_row, std::int32_t hot_cache_blocks, std::mt19937_64& rng)
@@ -109,8 +112,12 @@ struct HiSparseRig {
     const auto states = device_tensor(device, stream, step.state_indices, {T});
     const auto hot_table = device_tensor(device, stream, step.hot_block_table, {T, tables.hot_blocks_per_row});
     poison_outputs();
-    resolve_hisparse(stream, inputs(logical, ids, states, hot_table), HiSparseSlotState{slot_rows.tensor, lru.tensor},
-                     tables.hot_slots, outputs());
+    HiSparseResolveInputs in = inputs(logical, ids, states, hot_table);
+    if (hot_table_by_state.tensor.defined()) {
+      in.hot_block_table = hot_table_by_state.tensor;
+      in.hot_table_by_state = true;
+    }
+    resolve_hisparse(stream, in, HiSparseSlotState{slot_rows.tensor, lru.tensor}, tables.hot_slots, outputs());
     gather_hisparse(stream,
                     HiSparseGatherTensors{host_pool.tensor, hot_cache.tensor, swap_host.tensor, swap_device.tensor, swaps.tensor},
                     T);

@@ -100,6 +100,7 @@ struct HiSparseResolve {
                                      tok % a.resident_block_size);
   }
 
+  // `row` is the batch row, or the state row with hot_table_by_state.
   KOKKOS_INLINE_FUNCTION std::int32_t hot_row(std::int64_t row, std::int32_t slot) const {
     const std::int32_t block = a.hot_block_table[row * a.hot_table_stride + slot / a.hot_block_size];
     return static_cast<std::int32_t>(static_cast<std::int64_t>(block) * a.hot_block_size + slot % a.hot_block_size);
@@ -225,7 +226,7 @@ struct HiSparseResolve {
 
   // Pass 4.
   KOKKOS_INLINE_FUNCTION void load_misses(const member_type& team, const hisparse::ResolveScratch& s,
-                                          std::int64_t row, std::int32_t* slot_rows) const {
+                                          std::int64_t row, std::int64_t hot_table_row, std::int32_t* slot_rows) const {
     const std::int32_t H = a.hot_slots;
     Kokkos::parallel_scan(Kokkos::TeamThreadRange(team, a.top_k), [&](const std::int32_t j, std::int32_t& misses_before,
                                                                       const bool final) {
@@ -238,7 +239,7 @@ struct HiSparseResolve {
           s.slot_of[h] = slot;
           slot_rows[slot] = g;
           a.swap_host_rows[row * a.out_stride + misses_before] = g;
-          a.swap_device_rows[row * a.out_stride + misses_before] = hot_row(row, slot);
+          a.swap_device_rows[row * a.out_stride + misses_before] = hot_row(hot_table_row, slot);
           if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 1;
         }
         if (j == a.top_k - 1) s.totals[1] = misses_before + (miss ? 1 : 0);
@@ -250,10 +251,10 @@ struct HiSparseResolve {
 
   // Pass 5.
   KOKKOS_INLINE_FUNCTION void write_results(const member_type& team, const hisparse::ResolveScratch& s,
-                                            std::int64_t row, std::int16_t* lru) const {
+                                            std::int64_t row, std::int64_t hot_table_row, std::int16_t* lru) const {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, a.top_k), [&](const std::int32_t j) {
       const std::int32_t h = s.entry[j];
-      if (h != hisparse::done) store(row, j, hot_row(row, s.slot_of[h]));
+      if (h != hisparse::done) store(row, j, hot_row(hot_table_row, s.slot_of[h]));
     });
     const std::int32_t H = a.hot_slots;
     const std::int32_t hits = s.totals[0];
@@ -297,10 +298,11 @@ struct HiSparseResolve {
     team.team_barrier();
     std::int32_t* slot_rows = a.slot_rows + state * a.slot_rows_stride;
     std::int16_t* lru = a.lru + state * a.lru_stride;
+    const std::int64_t hot_table_row = a.hot_table_by_state ? state : row;
     build_set(team, s);
     classify_slots(team, s, slot_rows, lru);
-    load_misses(team, s, row, slot_rows);
-    write_results(team, s, row, lru);
+    load_misses(team, s, row, hot_table_row, slot_rows);
+    write_results(team, s, row, hot_table_row, lru);
   }
 };
 

@@ -8,8 +8,11 @@
 #pragma once
 
 #include "fill.hpp"
+#include "fp8_upconvert.hpp"
 #include "hisparse_gather.hpp"
+#include "hisparse_mirror.hpp"
 #include "hisparse_resolve.hpp"
+#include "hisparse_stage.hpp"
 #include "topk_convert.hpp"
 #include "sparse_mla/kernels.hpp"
 
@@ -29,11 +32,23 @@ class KokkosKernels final : public Kernels {
   void convert_topk(Stream& stream, const TopkConvertArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::convert_topk(s, a); });
   }
+  void gather_upconvert_fp8(Stream& stream, const Fp8UpconvertArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::gather_upconvert_fp8(s, a); });
+  }
   void resolve_hisparse(Stream& stream, const HiSparseResolveArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::resolve_hisparse(s, a); });
   }
   void gather_hisparse(Stream& stream, const HiSparseGatherArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::gather_hisparse(s, a); });
+  }
+  void write_hisparse_rows(Stream& stream, const HiSparseWriteRowsArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::write_hisparse_rows(s, a); });
+  }
+  void invalidate_hisparse_slots(Stream& stream, const HiSparseInvalidateArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::invalidate_hisparse_slots(s, a); });
+  }
+  void stage_hisparse_rows(Stream& stream, const HiSparseStageArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::stage_hisparse_rows(s, a); });
   }
 };
 

@@ -30,35 +30,14 @@ void check_counts(const char* where, const char* name, const Tensor& t, std::int
   check(where, name, t).dtype(DType::i32).rank(1).contiguous().dim_at_least(0, rows, "one per batch row").on(device);
 }
 
-void check_resolve(const HiSparseResolveInputs& in, const HiSparseSlotState& state, std::int32_t H,
-                   const HiSparseResolveOutputs& out, const Device& device) {
-  constexpr const char* where = "resolve_hisparse";
-  check(where, "logical top-k", in.logical).dtype(DType::i32).rank(2).rows_contiguous().on(device);
-  const std::int64_t T = in.logical.dim(0);
-  const std::int64_t K = in.logical.dim(1);
-  if (K < 1 || T > int32_max) fail(where, "logical top-k has shape ", in.logical.shape_string(), ", expected [< 2^31, >= 1]");
-  if (H < K || H > max_hot_slots) {
-    fail(where, "hot_slots must be in [K, ", max_hot_slots, "] = [", K, ", ", max_hot_slots, "], got ", H);
-  }
-  check_counts(where, "request_ids", in.request_ids, T, device);
-  if (in.request_state_indices.defined()) check_counts(where, "request_state_indices", in.request_state_indices, T, device);
-  check_table(where, "source_block_table", in.source_block_table, device);
-  if (in.source_block_size < 1) fail(where, "source_block_size must be positive, got ", in.source_block_size);
-  if (in.host_rows < 0) fail(where, "host_rows must not be negative, got ", in.host_rows);
-  if (in.resident_block_table.defined()) check_table(where, "resident_block_table", in.resident_block_table, device);
-  if (in.resident_block_size < 0) fail(where, "resident_block_size must not be negative, got ", in.resident_block_size);
-  if (in.hot_block_size < 1) fail(where, "hot_block_size must be positive, got ", in.hot_block_size);
-  check_table(where, "hot_block_table", in.hot_block_table, device);
-  check(where, "hot_block_table", in.hot_block_table).dim_at_least(0, T, "one row per batch row")
-      .dim_at_least(1, (H + in.hot_block_size - 1) / in.hot_block_size, "hot blocks covering hot_slots");
-  if (in.attention_block_stride < 0 || (in.attention_block_stride != 0 && in.attention_block_stride < in.hot_block_size)) {
-    fail(where, "attention_block_stride must be 0 or >= hot_block_size (", in.hot_block_size, "), got ",
-         in.attention_block_stride);
-  }
+void check_state(const char* where, const HiSparseSlotState& state, std::int32_t H, const Device& device) {
   check(where, "slot_rows", state.slot_rows).dtype(DType::i32).rank(2).rows_contiguous().dim_at_least(1, H, "hot_slots").on(device);
   check(where, "lru", state.lru).dtype(DType::i16).rank(2).rows_contiguous().dim(1, H, "hot_slots")
       .dim(0, state.slot_rows.dim(0), "state rows of slot_rows").on(device);
   if (state.lru.dim(0) > int32_max) fail(where, "lru has ", state.lru.dim(0), " state rows, more than 2^31 - 1");
+}
+
+void check_outputs(const char* where, const HiSparseResolveOutputs& out, std::int64_t T, std::int64_t K, const Device& device) {
   check_rows(where, "hot_indices", out.hot_indices, T, K, device);
   check_rows(where, "swap_host_rows", out.swap_host_rows, T, K, device);
   check_rows(where, "swap_device_rows", out.swap_device_rows, T, K, device);
@@ -86,6 +65,48 @@ void check_resolve(const HiSparseResolveInputs& in, const HiSparseSlotState& sta
   }
 }
 
+void check_resolve(const HiSparseResolveInputs& in, const HiSparseSlotState& state, std::int32_t H,
+                   const HiSparseResolveOutputs& out, const Device& device) {
+  constexpr const char* where = "resolve_hisparse";
+  check(where, "logical top-k", in.logical).dtype(DType::i32).rank(2).rows_contiguous().on(device);
+  const std::int64_t T = in.logical.dim(0);
+  const std::int64_t K = in.logical.dim(1);
+  if (K < 1 || T > int32_max) fail(where, "logical top-k has shape ", in.logical.shape_string(), ", expected [< 2^31, >= 1]");
+  if (H < K || H > max_hot_slots) {
+    fail(where, "hot_slots must be in [K, ", max_hot_slots, "] = [", K, ", ", max_hot_slots, "], got ", H);
+  }
+  check_state(where, state, H, device);
+  check_counts(where, "request_ids", in.request_ids, T, device);
+  if (in.request_state_indices.defined()) check_counts(where, "request_state_indices", in.request_state_indices, T, device);
+  check_table(where, "source_block_table", in.source_block_table, device);
+  if (in.source_block_size < 1) fail(where, "source_block_size must be positive, got ", in.source_block_size);
+  if (in.host_rows < 0) fail(where, "host_rows must not be negative, got ", in.host_rows);
+  if (in.resident_block_table.defined()) check_table(where, "resident_block_table", in.resident_block_table, device);
+  if (in.resident_block_size < 0) fail(where, "resident_block_size must not be negative, got ", in.resident_block_size);
+  if (in.hot_block_size < 1) fail(where, "hot_block_size must be positive, got ", in.hot_block_size);
+  check_table(where, "hot_block_table", in.hot_block_table, device);
+  check(where, "hot_block_table", in.hot_block_table)
+      .dim_at_least(0, in.hot_table_by_state ? state.lru.dim(0) : T, in.hot_table_by_state ? "one row per state row" : "one row per batch row")
+      .dim_at_least(1, (H + in.hot_block_size - 1) / in.hot_block_size, "hot blocks covering hot_slots");
+  if (in.attention_block_stride < 0 || (in.attention_block_stride != 0 && in.attention_block_stride < in.hot_block_size)) {
+    fail(where, "attention_block_stride must be 0 or >= hot_block_size (", in.hot_block_size, "), got ",
+         in.attention_block_stride);
+  }
+  check_outputs(where, out, T, K, device);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+// A pool or cache of rows: uint8 [rows, row_bytes], row_bytes a positive multiple of 16, 16-byte aligned.
+void check_row_pool(const char* where, const char* name, const Tensor& pool, const Device& device) {
+  check(where, name, pool).dtype(DType::u8).rank(2).contiguous().on(device);
+  if (pool.dim(1) < 16 || pool.dim(1) % 16 != 0) {
+    fail(where, name, " rows are ", pool.dim(1), " bytes; HiSparse rows must be a positive multiple of 16 bytes");
+  }
+  if (!aligned16(pool.data())) fail(where, name, " must start on a 16-byte boundary (rows move in 16-byte units)");
+  if (pool.dim(0) > int32_max) fail(where, name, " has ", pool.dim(0), " rows, more than 2^31 - 1");
+}
+
 template <class T>
 T* data_or_null(const Tensor& t) {
   return t.defined() ? t.data_as<T>() : nullptr;
@@ -93,10 +114,15 @@ T* data_or_null(const Tensor& t) {
 
 }  // namespace
 
+void check_resolve_hisparse(const Device& device, const HiSparseResolveInputs& inputs, const HiSparseSlotState& state,
+                            std::int32_t hot_slots, const HiSparseResolveOutputs& outputs) {
+  check_resolve(inputs, state, hot_slots, outputs, device);
+}
+
 void resolve_hisparse(Stream& stream, const HiSparseResolveInputs& in, const HiSparseSlotState& state,
                       std::int32_t H, const HiSparseResolveOutputs& out) {
   Device& device = stream.device();
-  check_resolve(in, state, H, out, device);
+  check_resolve_hisparse(device, in, state, H, out);
   HiSparseResolveArgs a{};
   a.logical = in.logical.data_as<std::int32_t>();
   a.logical_stride = in.logical.stride(0);
@@ -118,6 +144,7 @@ void resolve_hisparse(Stream& stream, const HiSparseResolveInputs& in, const HiS
   a.resident_null_block = in.resident_null_block;
   a.hot_block_table = in.hot_block_table.data_as<std::int32_t>();
   a.hot_table_stride = in.hot_block_table.stride(0);
+  a.hot_table_by_state = in.hot_table_by_state;
   a.hot_block_size = in.hot_block_size;
   a.attention_block_stride = in.attention_block_stride == 0 ? in.hot_block_size : in.attention_block_stride;
   a.slot_rows = state.slot_rows.data_as<std::int32_t>();
@@ -146,11 +173,8 @@ void resolve_hisparse(Stream& stream, const HiSparseResolveInputs& in, const HiS
 void gather_hisparse(Stream& stream, const HiSparseGatherTensors& t, std::int64_t num_rows) {
   constexpr const char* where = "gather_hisparse";
   Device& device = stream.device();
-  check(where, "host_pool", t.host_pool).dtype(DType::u8).rank(2).contiguous().on(device);
+  check_row_pool(where, "host_pool", t.host_pool, device);
   const std::int64_t row_bytes = t.host_pool.dim(1);
-  if (row_bytes < 16 || row_bytes % 16 != 0) {
-    fail(where, "host_pool rows are ", row_bytes, " bytes; HiSparse rows must be a positive multiple of 16 bytes");
-  }
   check(where, "hot_cache", t.hot_cache).dtype(DType::u8).rank(3).rows_contiguous().dim(2, row_bytes, "row bytes of host_pool")
       .on(device);
   if (t.hot_cache.dim(1) < 1 || t.hot_cache.dim(1) > int32_max) {
@@ -169,10 +193,7 @@ void gather_hisparse(Stream& stream, const HiSparseGatherTensors& t, std::int64_
          t.swap_host_rows.stride(0), "; they must match");
   }
   check(where, "swap_counts", t.swap_counts).dtype(DType::i32).rank(1).contiguous().dim_at_least(0, num_rows, "num_rows").on(device);
-  const auto aligned = [](const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; };
-  if (!aligned(t.host_pool.data()) || !aligned(t.hot_cache.data())) {
-    fail(where, "host_pool and hot_cache must start on 16-byte boundaries (the gather moves 16-byte units)");
-  }
+  if (!aligned16(t.hot_cache.data())) fail(where, "hot_cache must start on a 16-byte boundary (rows move in 16-byte units)");
 
   HiSparseGatherArgs a{};
   a.host_pool = t.host_pool.data_as<std::uint8_t>();
@@ -189,6 +210,79 @@ void gather_hisparse(Stream& stream, const HiSparseGatherTensors& t, std::int64_
   a.num_rows = num_rows;
   a.max_swaps = static_cast<std::int32_t>(K);
   device.kernels().gather_hisparse(stream, a);
+}
+
+void write_hisparse_rows(Stream& stream, const Tensor& rows, const Tensor& host_row_ids, const Tensor& host_pool) {
+  constexpr const char* where = "write_hisparse_rows";
+  Device& device = stream.device();
+  check_row_pool(where, "host_pool", host_pool, device);
+  check(where, "rows", rows).dtype(DType::u8).rank(2).rows_contiguous().dim(1, host_pool.dim(1), "row bytes of host_pool").on(device);
+  if (!aligned16(rows.data()) || rows.stride(0) % 16 != 0) fail(where, "rows must be 16-byte aligned with a row stride that is a multiple of 16");
+  check(where, "host_row_ids", host_row_ids).dtype(DType::i32).rank(1).contiguous().dim_at_least(0, rows.dim(0), "one per row").on(device);
+  HiSparseWriteRowsArgs a{};
+  a.rows = rows.data_as<std::uint8_t>();
+  a.rows_stride = rows.stride(0);
+  a.host_row_ids = host_row_ids.data_as<std::int32_t>();
+  a.host_pool = host_pool.data_as<std::uint8_t>();
+  a.host_rows = host_pool.dim(0);
+  a.row_bytes = host_pool.dim(1);
+  a.num_rows = rows.dim(0);
+  device.kernels().write_hisparse_rows(stream, a);
+}
+
+void invalidate_hisparse_slots(Stream& stream, const HiSparseSlotState& state, std::int32_t hot_slots,
+                               const Tensor& host_row_ids, const Tensor& state_rows) {
+  constexpr const char* where = "invalidate_hisparse_slots";
+  Device& device = stream.device();
+  if (hot_slots < 1 || hot_slots > max_hot_slots) fail(where, "hot_slots must be in [1, ", max_hot_slots, "], got ", hot_slots);
+  check_state(where, state, hot_slots, device);
+  check(where, "host_row_ids", host_row_ids).dtype(DType::i32).rank(1).contiguous().on(device);
+  if (host_row_ids.dim(0) > int32_max) fail(where, "host_row_ids has ", host_row_ids.dim(0), " entries, more than 2^31 - 1");
+  check(where, "state_rows", state_rows).dtype(DType::i32).rank(1).contiguous().dim_at_least(0, host_row_ids.dim(0), "one per host row id").on(device);
+  HiSparseInvalidateArgs a{};
+  a.slot_rows = state.slot_rows.data_as<std::int32_t>();
+  a.slot_rows_stride = state.slot_rows.stride(0);
+  a.hot_slots = hot_slots;
+  a.num_state_rows = static_cast<std::int32_t>(state.lru.dim(0));
+  a.host_row_ids = host_row_ids.data_as<std::int32_t>();
+  a.state_rows = state_rows.data_as<std::int32_t>();
+  a.num_rows = host_row_ids.dim(0);
+  device.kernels().invalidate_hisparse_slots(stream, a);
+}
+
+void stage_hisparse_rows(Stream& stream, const Tensor& host_pool, const Tensor& host_row_ids, const Tensor& resident_cache,
+                         const Tensor& device_row_ids, const Tensor& staged) {
+  constexpr const char* where = "stage_hisparse_rows";
+  Device& device = stream.device();
+  check_row_pool(where, "host_pool", host_pool, device);
+  const std::int64_t row_bytes = host_pool.dim(1);
+  check_row_pool(where, "staged", staged, device);
+  check(where, "staged", staged).dim(1, row_bytes, "row bytes of host_pool");
+  const std::int64_t n = staged.dim(0);
+  check(where, "host_row_ids", host_row_ids).dtype(DType::i32).rank(1).contiguous().dim_at_least(0, n, "one per staged row").on(device);
+  HiSparseStageArgs a{};
+  if (device_row_ids.defined() != resident_cache.defined()) {
+    fail(where, "device_row_ids and resident_cache go together: give both or neither");
+  }
+  if (resident_cache.defined()) {
+    check(where, "resident_cache", resident_cache).dtype(DType::u8).rank(3).rows_contiguous().dim(2, row_bytes, "row bytes of host_pool").on(device);
+    if (!aligned16(resident_cache.data()) || resident_cache.stride(0) % 16 != 0 || resident_cache.dim(1) < 1 || resident_cache.dim(1) > int32_max) {
+      fail(where, "resident_cache of shape ", resident_cache.shape_string(), " needs a 16-byte aligned start and block stride and a block size in [1, 2^31)");
+    }
+    check(where, "device_row_ids", device_row_ids).dtype(DType::i32).rank(1).contiguous().dim_at_least(0, n, "one per staged row").on(device);
+    a.resident_cache = resident_cache.data_as<std::uint8_t>();
+    a.resident_rows = resident_cache.dim(0) * resident_cache.dim(1);
+    a.resident_block_size = static_cast<std::int32_t>(resident_cache.dim(1));
+    a.resident_block_stride_bytes = resident_cache.stride(0);
+    a.device_row_ids = device_row_ids.data_as<std::int32_t>();
+  }
+  a.host_pool = host_pool.data_as<std::uint8_t>();
+  a.host_rows = host_pool.dim(0);
+  a.host_row_ids = host_row_ids.data_as<std::int32_t>();
+  a.staged = staged.data_as<std::uint8_t>();
+  a.row_bytes = row_bytes;
+  a.num_rows = n;
+  device.kernels().stage_hisparse_rows(stream, a);
 }
 
 }  // namespace sparse_mla

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "sparse_mla/error.hpp"
+#include "sparse_mla/hisparse.hpp"
 
 namespace sparse_mla {
 
@@ -80,6 +81,18 @@ void SparseMLAIndexGroup::set_logical_topk_ready(int layer_index, Stream& comput
 
 void SparseMLAIndexGroup::prepare_for_batch(int layer_index, const BatchMetadata& /*batch*/, Stream& compute) {
   check_layer("SparseMLAIndexGroup::prepare_for_batch", layer_index, compute);
+}
+
+Event* SparseMLAIndexGroup::gather_fp8_prefill(int layer_index, Stream& compute, const Tensor& source_cache,
+                                               const Tensor& dst, const Tensor& block_table,
+                                               const Tensor& workspace_starts, std::int64_t batch_size,
+                                               const BatchMetadata& /*batch*/, std::int64_t /*request_start*/,
+                                               Fp8Format format) {
+  check_layer("SparseMLAIndexGroup::gather_fp8_prefill", layer_index, compute);
+  Fp8GatherParams params;
+  params.format = format;
+  gather_upconvert_fp8(compute, source_cache, dst, block_table, workspace_starts, batch_size, params);
+  return nullptr;
 }
 
 TopkConversion SparseMLAIndexGroup::convert_logical_to_physical_topk(int layer_index, Stream& compute,
@@ -202,8 +215,14 @@ void SparseMLAIndexGroupBuilder::set_piecewise_capture(bool enabled) {
 }
 
 std::shared_ptr<SparseMLAIndexGroup> SparseMLAIndexGroupBuilder::create_group(bool has_indexer,
-                                                                              const LayerConfig& /*config*/) {
-  auto group = std::make_shared<SparseMLAIndexGroup>(device_, logical_topk_buffer_, max_decode_rows_, has_indexer);
+                                                                              const LayerConfig& config) {
+  std::shared_ptr<SparseMLAIndexGroup> group;
+  if (config.hisparse) {
+    group = std::make_shared<HiSparseMLAIndexGroup>(device_, logical_topk_buffer_, max_decode_rows_, has_indexer,
+                                                    *config.hisparse);
+  } else {
+    group = std::make_shared<SparseMLAIndexGroup>(device_, logical_topk_buffer_, max_decode_rows_, has_indexer);
+  }
   group->set_piecewise_capture(piecewise_capture_);
   return group;
 }

@@ -66,6 +66,9 @@ std::vector<CaseSpec> select_cases(const BenchOptions& o, const BenchConfig& con
   std::vector<CaseSpec> all;
   add_copy_cases(all, config);
   add_convert_cases(all, config);
+  add_group_cases(all, config);
+  add_hisparse_cases(all, config);
+  add_gather_cases(all, config);
   std::vector<std::regex> filters;
   for (const std::string& f : o.filters) {
     try {
@@ -88,18 +91,25 @@ std::vector<CaseSpec> select_cases(const BenchOptions& o, const BenchConfig& con
   return chosen;
 }
 
-// Rotation sets: enough copies of the working set to exceed rotate_bytes,
-// as many as fit in the memory budget (at least one).
+// Rotation sets: enough copies of the working set to exceed rotate_bytes
+// (and at least what the case's design needs), as many as fit in the memory
+// budget. Launches per replay: whole cycles through the sets, so a stateful
+// case sees its sets in the same order every replay.
 TimingPlan plan_for(const BenchCase& c, const Settings& s) {
   const std::size_t set = std::max<std::size_t>(c.set_bytes(), 1);
+  const std::size_t room = s.run.memory_budget > c.fixed_bytes() ? s.run.memory_budget - c.fixed_bytes() : 0;
   std::size_t sets = (s.run.rotate_bytes + set - 1) / set;
-  sets = std::min<std::size_t>({sets, static_cast<std::size_t>(max_sets), std::max<std::size_t>(s.run.memory_budget / set, 1)});
+  sets = std::min<std::size_t>({sets, static_cast<std::size_t>(max_sets), std::max<std::size_t>(room / set, 1)});
   TimingPlan plan;
-  plan.sets = static_cast<int>(std::max<std::size_t>(sets, 1));
-  plan.launches = std::max(plan.sets, s.min_launches);
+  plan.sets = std::max(static_cast<int>(sets), c.min_sets());
+  plan.launches = plan.sets * ((s.min_launches + plan.sets - 1) / plan.sets);
   plan.warmup = s.warmup;
   plan.repeat = s.repeat;
   return plan;
+}
+
+std::size_t bytes_needed(const BenchCase& c, const TimingPlan& plan) {
+  return c.fixed_bytes() + c.set_bytes() * static_cast<std::size_t>(plan.sets);
 }
 
 CaseResult run_case(Device& device, Stream& stream, const CaseSpec& spec, const Settings& s, ProgressBar& progress) {
@@ -112,8 +122,9 @@ CaseResult run_case(Device& device, Stream& stream, const CaseSpec& spec, const 
   r.traffic = bench_case->traffic();
   r.plan = plan_for(*bench_case, s);
   const int steps = 2 + r.plan.warmup + r.plan.repeat;
-  if (bench_case->set_bytes() > s.run.memory_budget) {
-    r.outcome = "skipped: needs " + std::to_string(bench_case->set_bytes() / MiB) + " MiB, over the memory cap";
+  if (bytes_needed(*bench_case, r.plan) > s.run.memory_budget) {
+    r.outcome = "skipped: needs " + std::to_string(bytes_needed(*bench_case, r.plan) / MiB) +
+                " MiB, over the memory cap (--memory-mib)";
     for (int i = 0; i < steps; ++i) progress.step(spec.name);
     return r;
   }
@@ -129,7 +140,11 @@ CaseResult run_case(Device& device, Stream& stream, const CaseSpec& spec, const 
   }
   r.timing = time_case(device, stream, *bench_case, r.plan, [&] { progress.step(spec.name); });
   r.timed = true;
-  r.outcome = "ok";
+  std::string note;
+  const std::string broken = bench_case->after_timed(
+      device, stream, static_cast<std::uint64_t>(r.plan.launches) * static_cast<std::uint64_t>(r.plan.repeat), note);
+  r.outcome = broken.empty() ? "ok" : "FAILED: " + broken;
+  if (!note.empty()) r.outcome += " (" + note + ")";
   return r;
 }
 
@@ -171,19 +186,19 @@ void add_bench(CLI::App& app, Commands& commands) {
   auto options = std::make_shared<BenchOptions>();
   auto* bench = app.add_subcommand("bench", "Time the kernels at DeepSeek-V3.2 shapes against copy ceilings measured in the same run");
   bench->add_option("--backend", options->backend, "Backend to run on: host, cuda or hip")->capture_default_str();
-  bench->add_option("--device", options->device, "Device index")->capture_default_str()->check(CLI::NonNegativeNumber);
+  bench->add_option("--device", options->device, "Device index")->capture_default_str()->check(CLI::Range(0, 1023));
   bench->add_flag("--quick", options->quick, "A run of seconds: fewer replays, small rotation, the large shapes shrunk");
   bench->add_flag("--json", options->json, "Print the results as JSON on stdout");
   bench->add_flag("--list", options->list, "List the cases (after --filter) and exit");
   bench->add_option("--filter", options->filters, "Run only cases whose name matches this regular expression (repeatable)");
-  bench->add_option("--repeat", options->repeat, "Timed replays per case (default 20, --quick 5)")->check(CLI::PositiveNumber);
-  bench->add_option("--warmup", options->warmup, "Untimed replays per case (default 3, --quick 1)")->check(CLI::NonNegativeNumber);
+  bench->add_option("--repeat", options->repeat, "Timed replays per case (default 20, --quick 5)")->check(CLI::Range(1, 100000));
+  bench->add_option("--warmup", options->warmup, "Untimed replays per case (default 3, --quick 1)")->check(CLI::Range(0, 100000));
   bench->add_option("--min-launches", options->min_launches, "Launches per replay at least (default 10, --quick 2)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 100000));
   bench->add_option("--rotate-mib", options->rotate_mib, "Rotate each case through at least this many MiB of inputs (default 200, --quick 8)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
   bench->add_option("--memory-mib", options->memory_mib, "Most memory one case may use (default a quarter of the device's, --quick 512)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24));
   bench->add_option("--seed", options->seed, "Seed of the generated inputs")->capture_default_str();
   bench->callback([&commands, options] { commands.run = [options] { return run_bench(*options); }; });
 }

@@ -45,6 +45,19 @@ class BenchCase {
   // Poisons set 0's outputs, launches once and compares them with a cheap
   // independent reference. Returns "" or what differs (first mismatch).
   virtual std::string check(Device& device, Stream& stream) = 0;
+
+  // Rotation sets the case needs at least (a designed hit-rate cycle).
+  virtual int min_sets() const { return 1; }
+  // Memory the case holds however many sets it has (state, tables, caches).
+  virtual std::size_t fixed_bytes() const { return 0; }
+  // Around the timed replays (after the warm-up): a case that carries state
+  // checks a known relation over exactly the timed launches. after_timed
+  // returns "" or what broke the relation, and may set a note for the table.
+  virtual void before_timed(Device& /*device*/, Stream& /*stream*/) {}
+  virtual std::string after_timed(Device& /*device*/, Stream& /*stream*/, std::uint64_t /*timed_launches*/,
+                                  std::string& /*note*/) {
+    return "";
+  }
 };
 
 struct CaseSpec {
@@ -67,5 +80,8 @@ struct BenchConfig {
 // The cases, in the order they run; each family lives in its own file.
 void add_copy_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
 void add_convert_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
+void add_group_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
+void add_hisparse_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
+void add_gather_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
 
 }  // namespace sparse_mla::cli

@@ -39,11 +39,11 @@ void print_table(std::ostream& out, const RunInfo& run, const std::vector<CaseRe
       << "), Kokkos " << run.kokkos << " " << run.execution_space << (run.quick ? ", --quick" : "") << "\n";
   out << "per-launch median over timed replays; each case rotates through >= " << mib(run.rotate_bytes)
       << " of inputs (memory cap " << mib(run.memory_budget) << "); GB/s counts bytes read + written\n\n";
-  out << std::left << std::setw(24) << "case" << std::setw(36) << "shape" << std::right << std::setw(6) << "sets"
+  out << std::left << std::setw(25) << "case" << std::setw(34) << "shape" << std::right << std::setw(6) << "sets"
       << std::setw(8) << "method" << std::setw(12) << "median us" << std::setw(12) << "min us" << std::setw(10)
       << "GB/s" << std::setw(9) << "ceiling" << "  check\n";
   for (const CaseResult& r : results) {
-    out << std::left << std::setw(24) << r.name << std::setw(36) << r.shape << std::right;
+    out << std::left << std::setw(25) << r.name << std::setw(34) << r.shape << std::right;
     if (!r.timed) {
       out << std::setw(6) << "-" << std::setw(8) << "-" << std::setw(12) << "-" << std::setw(12) << "-"
           << std::setw(10) << "-" << std::setw(9) << "-" << "  " << r.outcome << "\n";

@@ -64,6 +64,7 @@ Timing time_case(Device& device, Stream& stream, BenchCase& bench_case, const Ti
   }
   Timing timing;
   timing.method = graph ? "graph" : "events";
+  bench_case.before_timed(device, stream);
   for (int r = 0; r < plan.repeat; ++r) {
     start->record(stream);
     replay();

@@ -7,9 +7,25 @@
 
 #include <exception>
 #include <iostream>
+#include <string>
 
 #include "commands.hpp"
 #include "sparse_mla/error.hpp"
+
+namespace {
+
+// Every failure is one line on stderr, whatever the message holds (a file
+// name or a JSON excerpt may carry newlines or control bytes).
+int report(const std::string& message, int code) {
+  std::string line = "sparse-mla: " + message;
+  for (char& c : line) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  }
+  std::cerr << line << "\n";
+  return code;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"sparse-mla: sparse MLA index-group bookkeeping on CUDA, HIP and host"};
@@ -21,16 +37,15 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : sparse_mla::cli::exit_unusable;
+    // --help and --version are "errors" with exit code 0: CLI11 prints them.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    return report(std::string(e.what()) + " (see --help)", sparse_mla::cli::exit_unusable);
   }
   try {
     return commands.run();
-  } catch (const sparse_mla::Error& e) {
-    std::cerr << "sparse-mla: " << e.what() << "\n";
-    return sparse_mla::cli::exit_unusable;
   } catch (const std::exception& e) {
-    std::cerr << "sparse-mla: " << e.what() << "\n";
-    return sparse_mla::cli::exit_unusable;
+    // sparse_mla::Error and everything else: the input or the arguments
+    // could not be used (a mismatch is a return value, never an exception).
+    return report(e.what(), sparse_mla::cli::exit_unusable);
   }
 }

@@ -12,6 +12,8 @@ namespace sparse_mla {
 // SPEC section 5's prefill staging plan (compact block table, host row ids,
 // resident device row ids). Defined by the HiSparse code (hisparse.hpp).
 struct HiSparsePrefillStagingPlan;
+// The per-step tables of a HiSparse decode step (hisparse_config.hpp).
+struct HiSparseBatch;
 
 struct BatchMetadata {
   // int32 [>= T]: the batch row (request) of each query token, decode tokens
@@ -32,6 +34,9 @@ struct BatchMetadata {
   // set by the engine for a step whose prefill requests do not have all their
   // pages resident on the device; not owned. Plain groups never read it.
   HiSparsePrefillStagingPlan* prefill_staging_plan = nullptr;
+  // HiSparse only: the state row of each batch row and the resident and hot
+  // block tables of the step; not owned. Required by HiSparse groups.
+  const HiSparseBatch* hisparse = nullptr;
 };
 
 }  // namespace sparse_mla

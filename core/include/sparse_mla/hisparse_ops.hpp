@@ -24,6 +24,7 @@ struct HiSparseResolveInputs {
   std::int32_t resident_block_size = 0;  // 0 = source_block_size
   std::int32_t resident_null_block = 0;  // this block id (or a negative one) is not resident
   Tensor hot_block_table;              // int32 [>= T, blocks]: hot-cache blocks of each batch row
+  bool hot_table_by_state = false;     // hot_block_table is [state rows, blocks], one row per state row
   std::int32_t hot_block_size = 64;
   std::int64_t attention_block_stride = 0;  // 0 = hot_block_size
 };
@@ -50,6 +51,10 @@ struct HiSparseResolveOutputs {
 // hot_indices, resolved_rows, miss_mask and the swap lists must share one row stride.
 void resolve_hisparse(Stream& stream, const HiSparseResolveInputs& inputs, const HiSparseSlotState& state,
                       std::int32_t hot_slots, const HiSparseResolveOutputs& outputs);
+// Every check of resolve_hisparse, queueing nothing (for callers that queue
+// other work first and must reject before it).
+void check_resolve_hisparse(const Device& device, const HiSparseResolveInputs& inputs, const HiSparseSlotState& state,
+                            std::int32_t hot_slots, const HiSparseResolveOutputs& outputs);
 
 // One layer's copy of the swap pairs of `num_rows` batch rows.
 struct HiSparseGatherTensors {
@@ -61,5 +66,22 @@ struct HiSparseGatherTensors {
 };
 
 void gather_hisparse(Stream& stream, const HiSparseGatherTensors& tensors, std::int64_t num_rows);
+
+// Host mirror: row n of `rows` (uint8 [n, row_bytes] on the device) becomes
+// host row host_row_ids[n] (int32 [>= n]; -1 or past the pool: skipped) of
+// `host_pool` (uint8 [host_rows, row_bytes]).
+void write_hisparse_rows(Stream& stream, const Tensor& rows, const Tensor& host_row_ids, const Tensor& host_pool);
+
+// Empties every hot slot of state row state_rows[n] that holds host row
+// host_row_ids[n] (both int32 [n]; negative entries are skipped).
+void invalidate_hisparse_slots(Stream& stream, const HiSparseSlotState& state, std::int32_t hot_slots,
+                               const Tensor& host_row_ids, const Tensor& state_rows);
+
+// Prefill staging: staged row n (uint8 [n, row_bytes], contiguous) is
+// resident row device_row_ids[n] of `resident_cache` (uint8 [blocks,
+// block_size, row_bytes]) when device_row_ids is defined and that id is
+// >= 0, else host row host_row_ids[n] of `host_pool`, else zeros.
+void stage_hisparse_rows(Stream& stream, const Tensor& host_pool, const Tensor& host_row_ids, const Tensor& resident_cache,
+                         const Tensor& device_row_ids, const Tensor& staged);
 
 }  // namespace sparse_mla

@@ -26,6 +26,7 @@
 
 #include "sparse_mla/batch.hpp"
 #include "sparse_mla/device.hpp"
+#include "sparse_mla/hisparse_config.hpp"
 #include "sparse_mla/ops.hpp"
 #include "sparse_mla/tensor.hpp"
 
@@ -37,6 +38,9 @@ namespace sparse_mla {
 struct LayerConfig {
   std::int64_t head_size = 0;
   std::string kv_cache_dtype;  // "fp8_ds_mla", "bfloat16", ...
+  // Set: the builder creates HiSparse groups (sparse_mla/hisparse.hpp) with
+  // this configuration.
+  std::optional<HiSparseConfig> hisparse;
 };
 
 // Conversions a group has queued. Counted when the host queues them (a CUDA
@@ -83,6 +87,17 @@ class SparseMLAIndexGroup {
   [[nodiscard]] virtual TopkConversion convert_logical_to_physical_topk(int layer_index, Stream& compute,
                                                           const Tensor& logical_topk, const BatchMetadata& batch,
                                                           std::int64_t block_stride_rows, bool return_valid_counts);
+
+  // Step 4, FP8 prefill: the gather-upconvert of SPEC section 3 (the
+  // arguments of gather_upconvert_fp8 in ops.hpp). Plain groups run it on
+  // `compute` and return nullptr: no event to wait on. HiSparse groups run it
+  // on their prefill stream from the staging plan (batch,
+  // request_start) and return the layer's prefill-ready event, which the
+  // caller waits on before prefill attention.
+  virtual Event* gather_fp8_prefill(int layer_index, Stream& compute, const Tensor& source_cache, const Tensor& dst,
+                                    const Tensor& block_table, const Tensor& workspace_starts,
+                                    std::int64_t batch_size, const BatchMetadata& batch, std::int64_t request_start,
+                                    Fp8Format format = Fp8Format::e4m3fn);
 
   // Piecewise capture mode (SPEC section 4): no event recorded inside a
   // captured piece is waited on from outside it; the leader's side stream

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "sparse_mla/fp8.hpp"
+
 namespace sparse_mla {
 
 class Stream;
@@ -43,6 +45,44 @@ struct TopkConvertArgs {
   const std::int32_t* workspace_starts;   // [num_prefill_requests], or nullptr
 };
 
+// SPEC section 3. Request r (< batch) fills output rows
+// [min(ws[r], T), min(ws[r+1] or T, T)) with T = total_rows; its i-th row is
+// source token s = seq_starts[r] + i (or i), found through
+// block_table[r, s / block_size] and s % block_size. Element e < 512 of an
+// output row is bf16_rne(float(fp8[e]) * scale[e / 128]), elements 512..575
+// copy the RoPE part. A row whose source is invalid (block past the table,
+// block id or row id outside its cache, negative position) is not written.
+struct Fp8UpconvertArgs {
+  // The device cache [cache_blocks, cache_block_size, 656], strides in bytes.
+  const std::uint8_t* cache;
+  std::int64_t cache_block_stride;
+  std::int64_t cache_row_stride;
+  std::int64_t cache_blocks;
+  std::int32_t cache_block_size;
+  std::uint16_t* dst;  // bf16 [total_rows, 576], row stride dst_row_stride elements
+  std::int64_t dst_row_stride;
+  std::int32_t total_rows;
+  const std::int32_t* block_table;  // [>= batch, blocks_per_request], row stride block_table_stride
+  std::int64_t block_table_stride;
+  std::int32_t blocks_per_request;
+  const std::int32_t* workspace_starts;  // [batch]
+  const std::int32_t* seq_starts;        // [batch], or nullptr
+  std::int32_t batch;
+  std::int32_t block_size;  // of the block table's pages
+  Fp8Format format;
+  // Host-backed variant (host_cache != nullptr): block_table holds staged
+  // blocks; staged row n = block_table[r, s / block_size] * block_size +
+  // s % block_size reads device cache row device_row_ids[n] when that is
+  // >= 0 (flat: row / cache_block_size, row % cache_block_size), otherwise
+  // host_cache row host_row_ids[n], straight from pinned host memory.
+  const std::uint8_t* host_cache;  // [host_rows, 656], row stride host_row_stride bytes
+  std::int64_t host_row_stride;
+  std::int64_t host_rows;
+  const std::int32_t* host_row_ids;    // [staged_rows]
+  const std::int32_t* device_row_ids;  // [staged_rows]
+  std::int64_t staged_rows;
+};
+
 // SPEC section 5, swap-in: one team per batch row resolves the row's logical
 // top-k against its state row's hot slots (slot_rows, lru) and produces the
 // hot and attention rows plus the compact swap list the row gather copies.
@@ -72,6 +112,7 @@ struct HiSparseResolveArgs {
   // hot_block_table[row, s / hot_block_size] * hot_block_size + s % hot_block_size.
   const std::int32_t* hot_block_table;
   std::int64_t hot_table_stride;
+  bool hot_table_by_state;  // index the hot block table by state row instead (a table owned per state)
   std::int32_t hot_block_size;
   std::int64_t attention_block_stride;  // attention index = (x / hot_block_size) * this + x % hot_block_size
   // Slot state, by state row: host row held by each slot (-1 empty) and the
@@ -119,6 +160,50 @@ struct HiSparseGatherArgs {
   std::int32_t max_swaps;
 };
 
+// Host mirror (SPEC section 5): row n of `rows` (row stride rows_stride
+// bytes) is written to host row host_row_ids[n] of the pinned host pool; a
+// host row outside [0, host_rows) is skipped.
+struct HiSparseWriteRowsArgs {
+  const std::uint8_t* rows;
+  std::int64_t rows_stride;
+  const std::int32_t* host_row_ids;  // [num_rows]
+  std::uint8_t* host_pool;           // [host_rows, row_bytes]
+  std::int64_t host_rows;
+  std::int64_t row_bytes;  // a multiple of 16
+  std::int64_t num_rows;
+};
+
+// Every hot slot of state row state_rows[n] that holds host row
+// host_row_ids[n] becomes empty (-1). Negative or out-of-range entries are
+// skipped.
+struct HiSparseInvalidateArgs {
+  std::int32_t* slot_rows;  // [num_state_rows, >= hot_slots]
+  std::int64_t slot_rows_stride;
+  std::int32_t hot_slots;
+  std::int32_t num_state_rows;
+  const std::int32_t* host_row_ids;  // [num_rows]
+  const std::int32_t* state_rows;    // [num_rows]
+  std::int64_t num_rows;
+};
+
+// Prefill staging (SPEC section 5): staged row n is resident device row
+// device_row_ids[n] when that is >= 0, else host row host_row_ids[n] of the
+// pinned pool read directly (zero-copy); a row with neither (the unused
+// tail, or a host row outside the pool) is zero-filled.
+struct HiSparseStageArgs {
+  const std::uint8_t* host_pool;  // [host_rows, row_bytes]
+  std::int64_t host_rows;
+  const std::uint8_t* resident_cache;  // row x at (x / resident_block_size) * resident_block_stride_bytes + ..., or nullptr
+  std::int64_t resident_rows;
+  std::int32_t resident_block_size;
+  std::int64_t resident_block_stride_bytes;
+  const std::int32_t* host_row_ids;    // [num_rows]
+  const std::int32_t* device_row_ids;  // [num_rows] or nullptr
+  std::uint8_t* staged;                // [num_rows, row_bytes]
+  std::int64_t row_bytes;              // a multiple of 16
+  std::int64_t num_rows;
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -131,10 +216,17 @@ class Kernels {
   virtual void fill_i32(Stream& stream, const FillI32Args& args) const = 0;
   // core/kernels/topk_convert.hpp
   virtual void convert_topk(Stream& stream, const TopkConvertArgs& args) const = 0;
+  // core/kernels/fp8_upconvert.hpp
+  virtual void gather_upconvert_fp8(Stream& stream, const Fp8UpconvertArgs& args) const = 0;
   // core/kernels/hisparse_resolve.hpp
   virtual void resolve_hisparse(Stream& stream, const HiSparseResolveArgs& args) const = 0;
   // core/kernels/hisparse_gather.hpp
   virtual void gather_hisparse(Stream& stream, const HiSparseGatherArgs& args) const = 0;
+  // core/kernels/hisparse_mirror.hpp
+  virtual void write_hisparse_rows(Stream& stream, const HiSparseWriteRowsArgs& args) const = 0;
+  virtual void invalidate_hisparse_slots(Stream& stream, const HiSparseInvalidateArgs& args) const = 0;
+  // core/kernels/hisparse_stage.hpp
+  virtual void stage_hisparse_rows(Stream& stream, const HiSparseStageArgs& args) const = 0;
 };
 
 }  // namespace sparse_mla

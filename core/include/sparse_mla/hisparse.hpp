@@ -1,0 +1,175 @@
+// HiSparse (SPEC section 5): every layer's full KV cache lives in a pinned
+// host pool; each request keeps H hot row slots on the device, and the
+// group's leader resolves the step's top-k against them once, then gathers
+// the missing rows into every layer's hot cache.
+//
+// One decode step (docs/hisparse.md has the picture):
+//   engine writes new rows      write_rows(layer) + invalidate_rows: host mirror
+//   set_logical_topk_ready(0)   as for plain groups
+//   prepare_for_batch(0)        the leader checks the step's HiSparse tables
+//   convert(...)(layer 0)       side stream: wait, resolve once, then for each
+//                               layer gather its rows and record its ready event
+//   convert(...)(every layer)   the compute stream waits for that layer's event
+// Rows a layer writes in a step must reach its host pool (write_rows) before
+// the step's resolve is queued (before set_logical_topk_ready), or stay
+// resident on the device until they do.
+//
+// Slot state (slot_rows, lru) belongs to the group: every layer of a group
+// sees the same selection, so one resolve serves them all; each layer has
+// its own host pool and hot cache with the same layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "sparse_mla/batch.hpp"
+#include "sparse_mla/hisparse_config.hpp"
+#include "sparse_mla/index_group.hpp"
+
+namespace sparse_mla {
+
+// One layer's caches: the pinned host pool (the layer's full KV cache) and
+// the hot cache attention reads (H slots per state row).
+class HiSparseCacheHandle {
+ public:
+  // Allocates both caches; the hot cache is zeroed on `stream`.
+  HiSparseCacheHandle(Device& device, Stream& stream, const HiSparseConfig& config, std::int64_t row_bytes);
+
+  std::int64_t row_bytes() const { return row_bytes_; }
+  // uint8 [host_pool_rows, row_bytes], pinned host memory.
+  const Tensor& host_pool() const { return host_pool_; }
+  // uint8 [hot blocks, block_size, row_bytes] with a block stride of
+  // attention_block_stride rows: state row s owns blocks s * hot_blocks_per_state ...
+  const Tensor& hot_cache() const { return hot_cache_; }
+  // The hot cache as attention reads it: uint8 [hot blocks * attention_block_stride, row_bytes].
+  const Tensor& attention_cache() const { return attention_cache_; }
+  Event& ready() const { return *ready_; }
+  Event& prefill_ready() const { return *prefill_ready_; }
+  HiSparseFootprint footprint() const;
+
+ private:
+  std::int64_t row_bytes_;
+  Buffer host_storage_;
+  Buffer hot_storage_;
+  Tensor host_pool_;
+  Tensor hot_cache_;
+  Tensor attention_cache_;
+  std::unique_ptr<Event> ready_;
+  std::unique_ptr<Event> prefill_ready_;
+};
+
+// SPEC section 5's prefill staging plan, for prefill requests whose pages
+// are not all resident. Rows of block_table are plan-relative: prefill
+// request p (batch request num_decodes + p) is row p.
+struct HiSparsePrefillStagingPlan {
+  std::int32_t block_size = 0;
+  std::int64_t num_blocks = 0;  // staged blocks, block 0 (the null block) included
+  Tensor block_table;           // int32 [P, B]: compact block of each logical block, 0 = null
+  Tensor row_ids;               // int32 [num_blocks * block_size]: host row of each staged row, -1 unused
+  Tensor gpu_row_ids;           // int32 [num_blocks * block_size]: resident row, -1 when not resident
+  // Host copies (what the plan was built from), and the device buffers.
+  std::vector<std::int32_t> host_block_table, host_row_ids, host_gpu_row_ids;
+  Buffer storage;
+};
+
+// Builds a plan on the host from host copies of the prefill requests' source
+// block table (int32 [P, B], row-major) and their context lengths, and
+// uploads it on `stream` (waits for the copy). With a resident table
+// (int32 [P, B'], same block size; resident_null_block = not resident), each
+// staged row also gets its resident device row.
+HiSparsePrefillStagingPlan build_hisparse_prefill_staging_plan(Device& device, Stream& stream,
+                                                               const std::vector<std::int32_t>& block_table,
+                                                               std::int64_t num_requests, std::int64_t blocks_per_request,
+                                                               const std::vector<std::int64_t>& context_lengths,
+                                                               std::int32_t block_size,
+                                                               const std::vector<std::int32_t>& resident_block_table = {},
+                                                               std::int64_t resident_blocks_per_request = 0,
+                                                               std::int32_t resident_null_block = 0);
+
+class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
+ public:
+  // Refuses a configuration that cannot work (resolve_hisparse_config), then
+  // allocates the slot state (empty slots, LRU 0..H-1), the group's hot
+  // block table and the resolve workspaces.
+  HiSparseMLAIndexGroup(std::shared_ptr<Device> device, const Tensor& logical_topk_buffer,
+                        std::int64_t max_decode_rows, bool has_indexer, const HiSparseConfig& config);
+  ~HiSparseMLAIndexGroup() override;
+
+  // Adds a layer with its own host pool and hot cache. Its row size comes
+  // from the LayerConfig (fp8_ds_mla: 656 bytes; bfloat16/float16/auto:
+  // 2 * head_size; float32: 4 * head_size), else from HiSparseConfig::row_bytes.
+  int register_layer(const LayerConfig& config = {}) override;
+  // The leader checks the step's HiSparse tables (batch.hisparse).
+  void prepare_for_batch(int layer_index, const BatchMetadata& batch, Stream& compute) override;
+  // Decode-sized: the leader resolves batch rows [0, T) once on the side
+  // stream (into physical_workspace: attention indices, and
+  // valid_counts_workspace) and gathers the misses into every layer's hot
+  // cache, recording each layer's ready event; every layer's compute stream
+  // waits for its own event. block_stride_rows is ignored: attention indices
+  // use the configured attention_block_stride.
+  // Prefill-sized: converts through batch.hisparse->resident_block_table
+  // (every context page must be resident, or staged first); block_stride_rows
+  // 0 means batch.block_size.
+  [[nodiscard]] TopkConversion convert_logical_to_physical_topk(int layer_index, Stream& compute,
+                                                                const Tensor& logical_topk, const BatchMetadata& batch,
+                                                                std::int64_t block_stride_rows,
+                                                                bool return_valid_counts) override;
+
+  // Host mirror. Rows (uint8 [n, row_bytes] on the device) written in a step
+  // become host rows host_row_ids[n] of the layer's pool, on `compute`.
+  void write_rows(int layer_index, Stream& compute, const Tensor& rows, const Tensor& host_row_ids);
+  // Empties the hot slots of state_rows[n] that cache host_row_ids[n] (once
+  // per step for the group: the slot state is shared by its layers).
+  void invalidate_rows(Stream& compute, const Tensor& host_row_ids, const Tensor& state_rows);
+
+  // Prefill staging for unquantised caches: a compact cache (uint8
+  // [plan.num_blocks, block_size, row_bytes]) holding the plan's rows,
+  // resident ones copied from `resident_cache` (uint8 [blocks, block_size,
+  // row_bytes], optional) and the rest read from the layer's host pool, on
+  // `compute`. The returned buffer owns the staged cache; keep it until the
+  // compute stream has read it.
+  struct StagedCache {
+    Buffer storage;
+    Tensor cache;
+  };
+  [[nodiscard]] StagedCache stage_prefill_rows(int layer_index, Stream& compute, const HiSparsePrefillStagingPlan& plan,
+                                               const Tensor& resident_cache);
+
+  const HiSparseConfig& config() const { return config_; }
+  HiSparseCacheHandle& cache(int layer_index) const;
+  Stream& prefill_stream() const { return *prefill_stream_; }
+  // Device state, for tests and the CLI's checks.
+  const Tensor& slot_rows() const { return slot_rows_; }
+  const Tensor& lru() const { return lru_; }
+  const Tensor& hot_block_table() const { return hot_block_table_; }  // by state row
+  std::int32_t hot_blocks_per_state() const { return hot_blocks_per_state_; }
+  // Resolves and per-layer gathers queued so far (the resolve runs once per step).
+  std::uint64_t resolves() const { return resolves_; }
+  std::uint64_t gathers() const { return gathers_; }
+  // Reads the device counters: synchronises the side stream (not for the step path).
+  HiSparseCounters counters();
+  HiSparseFootprint footprint() const;
+
+ private:
+  TopkConversion convert_decode(int layer_index, Stream& compute, const Tensor& logical_topk, const BatchMetadata& batch,
+                                bool return_valid_counts);
+  void resolve_and_gather(Stream& compute, const Tensor& logical_topk, const BatchMetadata& batch,
+                          bool return_valid_counts);
+  void check_decode(int layer_index, const Tensor& logical_topk, const BatchMetadata& batch, bool return_valid_counts) const;
+  void allocate_state();
+
+  HiSparseConfig config_;
+  std::int32_t hot_blocks_per_state_ = 0;
+  std::vector<std::unique_ptr<HiSparseCacheHandle>> caches_;
+  std::vector<Buffer> buffers_;
+  Tensor slot_rows_, lru_, hot_block_table_;
+  Tensor hot_indices_, miss_mask_, swap_host_rows_, swap_device_rows_, swap_counts_, counters_;
+  std::int64_t leader_rows_ = -1;
+  bool leader_counted_ = false;
+  std::uint64_t resolves_ = 0;
+  std::uint64_t gathers_ = 0;
+  std::unique_ptr<Stream> prefill_stream_;
+};
+
+}  // namespace sparse_mla

@@ -1,0 +1,219 @@
+// FP8 gather-upconvert of fp8_ds_mla rows to bf16 (SPEC section 3).
+//
+// One team per page task, as the reference engine launches it: requests in
+// order, each split at block boundaries, ceil(T / block_size) + 2 * batch
+// tasks cover every page. A team works through its page in 16-byte units:
+// each row is 32 units of 16 fp8 values (one 16-byte load, two 16-byte
+// stores of bf16) and 8 units of RoPE bytes, so consecutive threads touch
+// consecutive bytes of a row. The bf16 rounding is integer arithmetic on
+// the float32 product, so host and GPU agree bit for bit.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include "space_traits.hpp"
+#include "sparse_mla/kernels.hpp"
+
+namespace sparse_mla::kernels {
+
+namespace fp8 {
+
+constexpr int units_per_row = 40;  // 32 units of 16 fp8 values, 8 units of 16 RoPE bytes
+constexpr int nope_units = 32;
+constexpr int units_per_scale = 8;  // 128 values per scale
+
+union FloatBits {
+  float f;
+  std::uint32_t u;
+};
+
+KOKKOS_INLINE_FUNCTION float from_bits(std::uint32_t u) {
+  FloatBits b;
+  b.u = u;
+  return b.f;
+}
+
+KOKKOS_INLINE_FUNCTION std::uint32_t to_bits(float f) {
+  FloatBits b;
+  b.f = f;
+  return b.u;
+}
+
+// The exact float value of one e4m3 byte. A normal value only needs its
+// exponent re-biased; a subnormal one (exponent field 0) is mantissa *
+// 2^(1 - bias - 3), an exact float product.
+KOKKOS_INLINE_FUNCTION float decode(std::uint32_t byte, bool fnuz) {
+  const std::uint32_t magnitude = byte & 0x7Fu;
+  const std::uint32_t sign = (byte & 0x80u) << 24;
+  const std::uint32_t rebias = (fnuz ? 127u - 8u : 127u - 7u) << 23;
+  const float normal = from_bits(sign | ((magnitude << 20) + rebias));
+  const float subnormal =
+      from_bits(sign | to_bits(static_cast<float>(magnitude) * (fnuz ? 0x1p-10f : 0x1p-9f)));
+  const bool nan = fnuz ? byte == 0x80u : magnitude == 0x7Fu;
+  return nan ? from_bits(0x7FC00000u) : (magnitude < 8 ? subnormal : normal);
+}
+
+// float32 to bfloat16, round to nearest even. Every NaN becomes 0x7FFF, the
+// canonical NaN that CUDA's cvt.rn.bf16.f32 gives the reference engine.
+KOKKOS_INLINE_FUNCTION std::uint32_t bf16_rne(float value) {
+  const std::uint32_t u = to_bits(value);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+
+// 16 fp8 bytes (4 little-endian words) to 16 bf16 (8 words, two per word).
+KOKKOS_INLINE_FUNCTION void upconvert16(const std::uint32_t in[4], float scale, bool fnuz, std::uint32_t out[8]) {
+  for (int i = 0; i < 8; ++i) {
+    const std::uint32_t pair = in[i / 2] >> (16 * (i % 2));
+    const std::uint32_t lo = bf16_rne(decode(pair & 0xFFu, fnuz) * scale);
+    const std::uint32_t hi = bf16_rne(decode((pair >> 8) & 0xFFu, fnuz) * scale);
+    out[i] = lo | (hi << 16);
+  }
+}
+
+// 16-byte loads and stores: one vector access when aligned, bytes otherwise.
+template <bool Vector>
+KOKKOS_INLINE_FUNCTION void load16(const std::uint8_t* p, std::uint32_t w[4]) {
+  if constexpr (Vector) {
+    const Int4 v = *reinterpret_cast<const Int4*>(p);
+    w[0] = static_cast<std::uint32_t>(v.x);
+    w[1] = static_cast<std::uint32_t>(v.y);
+    w[2] = static_cast<std::uint32_t>(v.z);
+    w[3] = static_cast<std::uint32_t>(v.w);
+  } else {
+    for (int i = 0; i < 4; ++i) {
+      w[i] = std::uint32_t{p[4 * i]} | std::uint32_t{p[4 * i + 1]} << 8 | std::uint32_t{p[4 * i + 2]} << 16 |
+             std::uint32_t{p[4 * i + 3]} << 24;
+    }
+  }
+}
+
+template <bool Vector>
+KOKKOS_INLINE_FUNCTION void store16(std::uint8_t* p, const std::uint32_t w[4]) {
+  if constexpr (Vector) {
+    *reinterpret_cast<Int4*>(p) = Int4{static_cast<std::int32_t>(w[0]), static_cast<std::int32_t>(w[1]),
+                                       static_cast<std::int32_t>(w[2]), static_cast<std::int32_t>(w[3])};
+  } else {
+    for (int i = 0; i < 16; ++i) p[i] = static_cast<std::uint8_t>(w[i / 4] >> (8 * (i % 4)));
+  }
+}
+
+KOKKOS_INLINE_FUNCTION std::int64_t min64(std::int64_t x, std::int64_t y) { return x < y ? x : y; }
+KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { return x > y ? x : y; }
+
+}  // namespace fp8
+
+template <class Space, bool Vector>
+struct Fp8Upconvert {
+  using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
+  Fp8UpconvertArgs a;
+
+  // The rows of one block that one request copies.
+  struct Page {
+    std::int32_t request;
+    std::int64_t block;          // logical block of the request
+    std::int64_t first_token;    // in the block
+    std::int64_t rows;
+    std::int64_t first_output;   // output row of first_token
+  };
+
+  // Task -> page: the reference engine's numbering, requests in order.
+  KOKKOS_INLINE_FUNCTION bool page_of(std::int64_t task, Page& page) const {
+    const std::int64_t total = a.total_rows;
+    const std::int64_t bs = a.block_size;
+    for (std::int32_t r = 0; r < a.batch; ++r) {
+      const std::int64_t begin = fp8::min64(a.workspace_starts[r], total);
+      const std::int64_t end =
+          fp8::min64(r + 1 < a.batch ? a.workspace_starts[r + 1] : total, total);
+      const std::int64_t length = fp8::max64(end - begin, 0);
+      const std::int64_t source = a.seq_starts != nullptr ? a.seq_starts[r] : 0;
+      if (source < 0) continue;  // no valid source rows: leaves its rows unwritten
+      const std::int64_t first_block = source / bs;
+      const std::int64_t pages = (source + length + bs - 1) / bs - first_block;
+      if (task < pages) {
+        const std::int64_t block = first_block + task;
+        const std::int64_t copy_begin = fp8::max64(source, block * bs);
+        const std::int64_t copy_end = fp8::min64(source + length, (block + 1) * bs);
+        page = Page{r, block, copy_begin - block * bs, copy_end - copy_begin, begin + copy_begin - source};
+        return true;
+      }
+      task -= pages;
+    }
+    return false;
+  }
+
+  // Where token `token` of the page's block is read from; nullptr when the
+  // block table, the ids or the cache do not hold it.
+  KOKKOS_INLINE_FUNCTION const std::uint8_t* device_row(std::int64_t row) const {
+    if (row < 0 || row >= a.cache_blocks * a.cache_block_size) return nullptr;
+    return a.cache + (row / a.cache_block_size) * a.cache_block_stride + (row % a.cache_block_size) * a.cache_row_stride;
+  }
+
+  KOKKOS_INLINE_FUNCTION const std::uint8_t* source_row(const Page& page, std::int64_t token) const {
+    if (page.block >= a.blocks_per_request) return nullptr;
+    const std::int64_t id = a.block_table[page.request * a.block_table_stride + page.block];
+    if (id < 0) return nullptr;
+    if (a.host_cache == nullptr) {
+      if (id >= a.cache_blocks) return nullptr;
+      return a.cache + id * a.cache_block_stride + token * a.cache_row_stride;
+    }
+    const std::int64_t staged = id * a.block_size + token;
+    if (staged >= a.staged_rows) return nullptr;
+    if (a.device_row_ids[staged] >= 0) return device_row(a.device_row_ids[staged]);
+    const std::int64_t host_row = a.host_row_ids[staged];
+    if (host_row < 0 || host_row >= a.host_rows) return nullptr;
+    return a.host_cache + host_row * a.host_row_stride;
+  }
+
+  KOKKOS_INLINE_FUNCTION void unit(const std::uint8_t* src, std::uint16_t* dst_row, int k) const {
+    auto* out = reinterpret_cast<std::uint8_t*>(dst_row);
+    std::uint32_t in[4];
+    if (k < fp8::nope_units) {
+      fp8::load16<Vector>(src + 16 * k, in);
+      std::uint32_t scale_bits[4];
+      fp8::load16<Vector>(src + fp8_scales_offset, scale_bits);
+      const float scale = fp8::from_bits(scale_bits[k / fp8::units_per_scale]);
+      std::uint32_t converted[8];
+      fp8::upconvert16(in, scale, a.format == Fp8Format::e4m3fnuz, converted);
+      fp8::store16<Vector>(out + 32 * k, converted);
+      fp8::store16<Vector>(out + 32 * k + 16, converted + 4);
+    } else {
+      const int rope = k - fp8::nope_units;
+      fp8::load16<Vector>(src + fp8_rope_offset + 16 * rope, in);
+      fp8::store16<Vector>(out + 2 * fp8_nope_values + 16 * rope, in);
+    }
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
+    Page page{};
+    if (!page_of(team.league_rank(), page)) return;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, page.rows * fp8::units_per_row),
+                         [&](const std::int64_t u) {
+                           const std::int64_t i = u / fp8::units_per_row;
+                           const std::int64_t output = page.first_output + i;
+                           const std::uint8_t* src = source_row(page, page.first_token + i);
+                           if (output < 0 || src == nullptr) return;
+                           unit(src, a.dst + output * a.dst_row_stride, static_cast<int>(u % fp8::units_per_row));
+                         });
+  }
+};
+
+template <class Space>
+void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
+  if (a.total_rows == 0 || a.batch == 0) return;
+  const bool vector = aligned16(a.cache) && a.cache_block_stride % 16 == 0 && a.cache_row_stride % 16 == 0 &&
+                      aligned16(a.dst) && (a.dst_row_stride * 2) % 16 == 0 &&
+                      (a.host_cache == nullptr || (aligned16(a.host_cache) && a.host_row_stride % 16 == 0));
+  // The reference's grid: every request adds at most two partial pages.
+  const std::int64_t tasks = (std::int64_t{a.total_rows} + a.block_size - 1) / a.block_size + 2 * std::int64_t{a.batch};
+  // 512 threads as the reference: a 64-row page is 5 units per thread.
+  const int team = row_team_size<Space>(512);
+  Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(tasks), team);
+  if (vector) {
+    Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy, Fp8Upconvert<Space, true>{a});
+  } else {
+    Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy, Fp8Upconvert<Space, false>{a});
+  }
+}
+
+}  // namespace sparse_mla::kernels

@@ -1,0 +1,388 @@
+// HiSparse index groups (SPEC sections 4 and 5) on every backend: the builder
+// creates them from a HiSparse configuration and refuses configurations that
+// cannot work; a multi-layer group resolves once per step and gathers every
+// layer's own rows (checked against the scalar model under the host delay
+// switch, so a missing wait shows); footprint and counters; prefill staging.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend_test.hpp"
+#include "reference/hisparse_reference.hpp"
+#include "sparse_mla/error.hpp"
+#include "sparse_mla/hisparse.hpp"
+#include "sparse_mla/host_debug.hpp"
+#include "test_util.hpp"
+
+namespace sparse_mla::testing {
+namespace {
+
+class HiSparseGroupTest : public BackendTest {};
+SPARSE_MLA_INSTANTIATE_BACKENDS(HiSparseGroupTest);
+
+class DelayScope {
+ public:
+  explicit DelayScope(std::uint32_t us) : saved_(host::debug_delay_us()) { host::set_debug_delay_us(us); }
+  ~DelayScope() { host::set_debug_delay_us(saved_); }
+
+ private:
+  std::uint32_t saved_;
+};
+
+template <class T>
+std::vector<T> read_tensor(Device& device, Stream& stream, const Tensor& t) {
+  const std::size_t bytes = static_cast<std::size_t>(t.numel()) * sizeof(T);
+  Buffer staging = device.allocate(bytes, MemoryKind::host);
+  if (bytes) stream.copy_bytes(staging.data(), t.data(), bytes);
+  stream.synchronize();
+  std::vector<T> out(static_cast<std::size_t>(t.numel()));
+  if (bytes) std::memcpy(out.data(), staging.data(), bytes);
+  return out;
+}
+
+constexpr std::int32_t K = 64, H = 128, requests = 4, blocks = 16, block_size = 16;
+
+HiSparseConfig small_config() {
+  HiSparseConfig c;
+  c.hot_slots = H;
+  c.max_requests = requests;
+  c.max_tokens_per_request = blocks * block_size;
+  c.host_pool_rows = (requests * blocks + 4) * block_size;
+  c.block_size = block_size;
+  c.attention_block_stride = 2 * block_size;
+  return c;
+}
+
+// A model of `layers` layers (index-producing at the given ones), every
+// group HiSparse, with the source tables and host pools of the test.
+struct Engine {
+  std::shared_ptr<Device> device;
+  std::unique_ptr<Stream> compute;
+  Buffer logical_storage;
+  Tensor logical_buffer;
+  std::unique_ptr<SparseMLAIndexGroupBuilder> builder;
+  std::vector<LayerRegistration> layers;
+  reference::HiSparseTables tables;
+  DeviceTensor source;
+  std::vector<std::vector<std::uint8_t>> pools;  // what each layer's host pool holds
+
+  Engine(std::shared_ptr<Device> d, const std::vector<bool>& producing, const std::vector<LayerConfig>& configs,
+         std::mt19937_64& rng)
+      : device(std::move(d)), compute(device->create_stream()) {
+    logical_storage = device->allocate(std::size_t(64 * K) * 4, MemoryKind::device);
+    logical_buffer = Tensor::of(logical_storage, DType::i32, {64, K});
+    builder = std::make_unique<SparseMLAIndexGroupBuilder>(device, logical_buffer, 8);
+    for (std::size_t i = 0; i < producing.size(); ++i) layers.push_back(builder->register_layer(producing[i], configs[i]));
+    const HiSparseConfig c = small_config();
+    tables.top_k = K;
+    tables.hot_slots = H;
+    tables.source_rows = requests;
+    tables.source_blocks = blocks;
+    tables.source_block_size = block_size;
+    tables.host_rows = c.host_pool_rows;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.host_pool_rows / block_size));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    tables.source_table.assign(ids.begin(), ids.begin() + requests * blocks);
+    tables.hot_block_size = block_size;
+    tables.hot_blocks_per_row = H / block_size;
+    tables.attention_block_stride = c.attention_block_stride;
+    source = device_tensor(*device, *compute, tables.source_table, {requests, blocks});
+    fill_pools(rng);
+  }
+
+  HiSparseMLAIndexGroup& group(std::size_t layer) { return dynamic_cast<HiSparseMLAIndexGroup&>(*layers[layer].group); }
+
+  // Every layer's host pool gets random rows through the host mirror.
+  void fill_pools(std::mt19937_64& rng) {
+    const std::int64_t rows = tables.host_rows;
+    std::vector<std::int32_t> all(static_cast<std::size_t>(rows));
+    std::iota(all.begin(), all.end(), 0);
+    const auto ids = device_tensor(*device, *compute, all, {rows});
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const std::int64_t rb = group(l).cache(layers[l].index_in_group).row_bytes();
+      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(rows * rb));
+      for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
+      const auto src = device_tensor(*device, *compute, bytes, {rows, rb});
+      group(l).write_rows(layers[l].index_in_group, *compute, src.tensor, ids.tensor);
+      compute->synchronize();
+      pools.push_back(std::move(bytes));
+    }
+  }
+};
+
+std::vector<std::int32_t> selection(std::mt19937_64& rng, const std::vector<std::int32_t>& previous) {
+  std::set<std::int32_t> chosen;
+  std::vector<std::int32_t> out;
+  for (std::int32_t tok : previous) {
+    if (tok >= 0 && rng() % 2 == 0 && chosen.insert(tok).second) out.push_back(tok);
+  }
+  while (out.size() < std::size_t(K)) {
+    const std::int32_t tok = rng() % 40 == 0 ? -1 : static_cast<std::int32_t>(rng() % (blocks * block_size));
+    if (tok < 0 || chosen.insert(tok).second) out.push_back(tok);
+  }
+  std::shuffle(out.begin(), out.end(), rng);
+  return out;
+}
+
+LayerConfig hisparse_layer(const char* dtype, std::int64_t head_size) {
+  LayerConfig c;
+  c.kv_cache_dtype = dtype;
+  c.head_size = head_size;
+  c.hisparse = small_config();
+  return c;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST_P(HiSparseGroupTest, BuilderRefusesConfigurationsThatCannotWork) {
+  auto logical = device->allocate(16 * K * 4, MemoryKind::device);
+  const Tensor buffer = Tensor::of(logical, DType::i32, {16, K});
+  const auto refused = [&](HiSparseConfig c, const char* fragment, LayerConfig layer = {}) {
+    layer.hisparse = c;
+    SparseMLAIndexGroupBuilder builder(device, buffer, 8);
+    const std::string message = error_of([&] { builder.register_layer(true, layer); });
+    EXPECT_NE(message.find(fragment), std::string::npos) << message;
+  };
+  HiSparseConfig c = small_config();
+  c.row_bytes = 656;
+  c.hot_slots = K - 1;
+  refused(c, "hot_slots H = 63 is smaller than top-k K = 64");
+  c.hot_slots = 40000;
+  refused(c, "exceeds 32768");
+  c = small_config();
+  c.row_bytes = 656;
+  c.host_pool_rows = requests * blocks * block_size - 1;
+  refused(c, "too small for 4 requests of 256 tokens");
+  c = small_config();
+  c.row_bytes = 650;
+  refused(c, "650 bytes are not a positive multiple of 16");
+  c.row_bytes = 0;
+  refused(c, "10 bytes are not a positive multiple of 16", LayerConfig{5, "bfloat16", std::nullopt});
+  refused(c, "row size is unknown");
+  c.top_k = 128;
+  refused(c, "top_k is 128 but the group's logical top-k buffer has K = 64");
+
+  SparseMLAIndexGroupBuilder builder(device, buffer, 8);
+  const LayerRegistration plain = builder.register_layer(true);
+  const LayerRegistration hisparse = builder.register_layer(true, hisparse_layer("fp8_ds_mla", 576));
+  EXPECT_EQ(dynamic_cast<HiSparseMLAIndexGroup*>(plain.group.get()), nullptr);
+  ASSERT_NE(dynamic_cast<HiSparseMLAIndexGroup*>(hisparse.group.get()), nullptr);
+  const auto& g = dynamic_cast<HiSparseMLAIndexGroup&>(*hisparse.group);
+  EXPECT_EQ(g.config().hot_slots, H);
+  EXPECT_EQ(g.cache(0).row_bytes(), 656);
+}
+
+TEST_P(HiSparseGroupTest, FootprintCountsHostPoolsHotCachesAndState) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(31);
+  Engine e(device, {true, false}, {hisparse_layer("fp8_ds_mla", 576), hisparse_layer("bfloat16", 576)}, rng);
+  HiSparseMLAIndexGroup& g = e.group(0);
+  const HiSparseConfig c = g.config();
+  const std::uint64_t rows_bytes = 656 + 1152;
+  const std::uint64_t hot_rows = std::uint64_t(c.max_requests) * (H / block_size) * c.attention_block_stride;
+  const std::uint64_t state = std::uint64_t(c.max_requests) * H * (4 + 2) + std::uint64_t(c.max_requests) * (H / block_size) * 4;
+  const std::uint64_t workspaces = 9 * K * 4 * 5 + 9 * 4 * 2 + 16;  // 4 resolve arrays + physical, 2 count rows, counters
+  const HiSparseFootprint f = g.footprint();
+  EXPECT_EQ(f.host_bytes, std::uint64_t(c.host_pool_rows) * rows_bytes);
+  EXPECT_EQ(f.device_bytes, hot_rows * rows_bytes + state + workspaces);
+}
+
+// The main group test: several decode steps through two HiSparse groups.
+TEST_P(HiSparseGroupTest, MultiLayerGroupsResolveOnceAndEveryLayerGetsItsOwnRows) {
+  SCOPED_TRACE(seed_trace());
+  DelayScope delay(200);
+  auto rng = seeded_rng(32);
+  const std::vector<LayerConfig> configs = {hisparse_layer("fp8_ds_mla", 576), hisparse_layer("bfloat16", 64),
+                                            hisparse_layer("float32", 8), hisparse_layer("fp8_ds_mla", 576),
+                                            hisparse_layer("bfloat16", 576)};
+  Engine e(device, {true, false, false, true, false}, configs, rng);
+  ASSERT_EQ(e.builder->groups().size(), 2u);
+  std::vector<reference::HiSparseState> states(2, reference::HiSparseState(requests, H));
+  std::vector<std::vector<std::int32_t>> previous(requests);
+  std::uint64_t hits = 0, misses = 0;
+  const int steps = 5;
+  for (int s = 0; s < steps; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    std::vector<std::int32_t> order(requests);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<std::int32_t> state_rows = order;
+    if (s == 3) state_rows[1] = -1;
+    reference::HiSparseStep step;
+    step.request_ids = order;
+    step.state_indices = state_rows;
+    for (std::int32_t b = 0; b < requests; ++b) {
+      auto& sel = previous[std::size_t(order[std::size_t(b)])];
+      sel = selection(rng, sel);
+      step.logical.insert(step.logical.end(), sel.begin(), sel.end());
+      for (std::int32_t i = 0; i < H / block_size; ++i) {
+        step.hot_block_table.push_back(state_rows[std::size_t(b)] < 0 ? 0 : state_rows[std::size_t(b)] * (H / block_size) + i);
+      }
+    }
+    // The "indexer" writes the logical top-k on the compute stream.
+    const auto logical_src = device_tensor(*device, *e.compute, step.logical, {requests, K});
+    e.compute->copy_bytes(e.logical_buffer.data(), logical_src.tensor.data(), step.logical.size() * 4);
+    const auto req_ids = device_tensor(*device, *e.compute, order, {requests});
+    const auto state_t = device_tensor(*device, *e.compute, state_rows, {requests});
+    HiSparseBatch hb;
+    hb.request_state_indices = state_t.tensor;
+    BatchMetadata batch;
+    batch.req_id_per_token = req_ids.tensor;
+    batch.block_table = e.source.tensor;
+    batch.block_size = block_size;
+    batch.hisparse = &hb;
+    const Tensor logical = e.logical_buffer.rows(0, requests);
+    std::vector<reference::HiSparseResult> want;
+    for (auto& st : states) want.push_back(reference::resolve_model(e.tables, step, st));
+    for (std::size_t l = 0; l < e.layers.size(); ++l) {
+      const int index = e.layers[l].index_in_group;
+      const std::size_t gi = l < 3 ? 0 : 1;
+      HiSparseMLAIndexGroup& g = e.group(l);
+      g.set_logical_topk_ready(index, *e.compute);
+      g.prepare_for_batch(index, batch, *e.compute);
+      const TopkConversion conv = g.convert_logical_to_physical_topk(index, *e.compute, logical, batch, 0, true);
+      EXPECT_EQ(read_tensor<std::int32_t>(*device, *e.compute, conv.physical), want[gi].attention_indices) << "layer " << l;
+      EXPECT_EQ(read_tensor<std::int32_t>(*device, *e.compute, conv.valid_counts), want[gi].valid_counts) << "layer " << l;
+      // This layer's hot cache: every occupied slot holds this layer's host row.
+      const HiSparseCacheHandle& cache = g.cache(index);
+      const auto hot = read_tensor<std::uint8_t>(*device, *e.compute, cache.attention_cache());
+      const std::size_t rb = std::size_t(cache.row_bytes());
+      for (std::int32_t st = 0; st < requests; ++st) {
+        for (std::int32_t slot = 0; slot < H; ++slot) {
+          const std::int32_t row = states[gi].slot_rows[std::size_t(st * H + slot)];
+          if (row < 0) continue;
+          const std::size_t x = std::size_t((st * (H / block_size) + slot / block_size) * 2 * block_size + slot % block_size);
+          ASSERT_TRUE(std::equal(hot.begin() + std::ptrdiff_t(x * rb), hot.begin() + std::ptrdiff_t((x + 1) * rb),
+                                 e.pools[l].begin() + std::ptrdiff_t(std::size_t(row) * rb)))
+              << "layer " << l << " state " << st << " slot " << slot;
+        }
+      }
+    }
+    for (std::size_t gi = 0; gi < 2; ++gi) {
+      HiSparseMLAIndexGroup& g = e.group(gi == 0 ? 0 : 3);
+      EXPECT_EQ(read_tensor<std::int32_t>(*device, *e.compute, g.slot_rows()), states[gi].slot_rows);
+      EXPECT_EQ(read_tensor<std::int16_t>(*device, *e.compute, g.lru()), states[gi].lru);
+    }
+    hits += want[0].hits;
+    misses += want[0].misses;
+  }
+  for (std::size_t l : {std::size_t(0), std::size_t(3)}) {
+    HiSparseMLAIndexGroup& g = e.group(l);
+    EXPECT_EQ(g.resolves(), std::uint64_t(steps)) << "one resolve per group per step";
+    EXPECT_EQ(g.gathers(), std::uint64_t(steps) * std::uint64_t(g.num_layers()));
+    const HiSparseCounters counters = g.counters();
+    EXPECT_EQ(counters.hits, hits);
+    EXPECT_EQ(counters.misses, misses);
+    std::uint64_t row_bytes = 0;
+    for (int i = 0; i < g.num_layers(); ++i) row_bytes += std::uint64_t(g.cache(i).row_bytes());
+    EXPECT_EQ(counters.bytes_moved, misses * row_bytes);
+  }
+  EXPECT_GT(hits, 0u);
+  EXPECT_GT(misses, 0u);
+}
+
+TEST_P(HiSparseGroupTest, FollowersAndMissingTablesAreRefusedBeforeAnythingIsQueued) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(33);
+  Engine e(device, {true, false}, {hisparse_layer("fp8_ds_mla", 576), hisparse_layer("fp8_ds_mla", 576)}, rng);
+  HiSparseMLAIndexGroup& g = e.group(0);
+  const auto req_ids = device_tensor(*device, *e.compute, std::vector<std::int32_t>{0, 1}, {2});
+  BatchMetadata batch;
+  batch.req_id_per_token = req_ids.tensor;
+  batch.block_table = e.source.tensor;
+  batch.block_size = block_size;
+  const Tensor logical = e.logical_buffer.rows(0, 2);
+  EXPECT_NE(error_of([&] { (void)g.convert_logical_to_physical_topk(1, *e.compute, logical, batch, 0, true); })
+                .find("before the leader (layer 0) resolved"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { g.prepare_for_batch(0, batch, *e.compute); }).find("batch.hisparse is null"), std::string::npos);
+  EXPECT_NE(error_of([&] { (void)g.convert_logical_to_physical_topk(0, *e.compute, logical, batch, 0, true); })
+                .find("batch.hisparse is null"),
+            std::string::npos);
+  // Prefill-sized batches need the resident table.
+  HiSparseBatch hb;
+  hb.request_state_indices = req_ids.tensor;
+  batch.hisparse = &hb;
+  EXPECT_NE(error_of([&] { (void)g.convert_logical_to_physical_topk(0, *e.compute, e.logical_buffer.rows(0, 20), batch, 0, true); })
+                .find("needs batch.hisparse->resident_block_table"),
+            std::string::npos);
+  EXPECT_EQ(g.resolves(), 0u);
+  e.compute->synchronize();
+}
+
+TEST_P(HiSparseGroupTest, PrefillStagingPlanAndStagedRows) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(34);
+  Engine e(device, {true, false}, {hisparse_layer("fp8_ds_mla", 576), hisparse_layer("bfloat16", 576)}, rng);
+  HiSparseMLAIndexGroup& g = e.group(0);
+  // Prefill requests 1 and 3 (plan rows 0 and 1) share two blocks; some
+  // pages are resident.
+  const std::int64_t P = 2;
+  std::vector<std::int32_t> table;
+  for (std::int32_t r : {1, 3}) table.insert(table.end(), e.tables.source_table.begin() + r * blocks, e.tables.source_table.begin() + (r + 1) * blocks);
+  table[std::size_t(blocks + 2)] = table[0];
+  table[std::size_t(blocks + 3)] = table[1];
+  const std::vector<std::int64_t> lengths = {70, 100};  // 5 and 7 blocks
+  std::vector<std::int32_t> resident(std::size_t(P * blocks), 0);
+  resident[1] = 3;
+  resident[std::size_t(blocks + 4)] = 5;
+  const HiSparsePrefillStagingPlan plan = build_hisparse_prefill_staging_plan(*device, *e.compute, table, P, blocks, lengths,
+                                                                             block_size, resident, blocks, 0);
+  EXPECT_EQ(plan.num_blocks, 1 + 5 + 7 - 2);
+  std::set<std::int32_t> compact_ids;
+  for (std::int64_t p = 0; p < P; ++p) {
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int32_t c = plan.host_block_table[std::size_t(p * blocks + b)];
+      if (b * block_size >= lengths[std::size_t(p)]) {
+        EXPECT_EQ(c, 0) << "unused column";
+        continue;
+      }
+      ASSERT_GT(c, 0);
+      compact_ids.insert(c);
+      for (std::int32_t off = 0; off < block_size; ++off) {
+        EXPECT_EQ(plan.host_row_ids[std::size_t(c * block_size + off)], table[std::size_t(p * blocks + b)] * block_size + off);
+      }
+    }
+  }
+  EXPECT_EQ(compact_ids.size(), std::size_t(plan.num_blocks - 1));
+  for (std::int32_t off = 0; off < block_size; ++off) EXPECT_EQ(plan.host_row_ids[std::size_t(off)], -1) << "null block";
+  EXPECT_EQ(read_tensor<std::int32_t>(*device, *e.compute, plan.block_table), plan.host_block_table);
+  const std::int32_t c_res = plan.host_block_table[1];
+  EXPECT_EQ(plan.host_gpu_row_ids[std::size_t(c_res * block_size + 7)], 3 * block_size + 7);
+
+  const std::int64_t rb = g.cache(1).row_bytes();
+  std::vector<std::uint8_t> resident_bytes(std::size_t(8 * block_size * rb));
+  for (auto& b : resident_bytes) b = static_cast<std::uint8_t>(rng());
+  const auto resident_cache = device_tensor(*device, *e.compute, resident_bytes, {8, block_size, rb});
+  const auto staged = g.stage_prefill_rows(1, *e.compute, plan, resident_cache.tensor);
+  const auto got = read_tensor<std::uint8_t>(*device, *e.compute, staged.cache);
+  for (std::size_t row = 0; row < plan.host_row_ids.size(); ++row) {
+    const std::int32_t x = plan.host_gpu_row_ids[row], h = plan.host_row_ids[row];
+    std::vector<std::uint8_t> want(std::size_t(rb), 0);
+    if (x >= 0) {
+      std::copy(resident_bytes.begin() + x * rb, resident_bytes.begin() + (x + 1) * rb, want.begin());
+    } else if (h >= 0) {
+      std::copy(e.pools[1].begin() + h * rb, e.pools[1].begin() + (h + 1) * rb, want.begin());
+    }
+    ASSERT_TRUE(std::equal(want.begin(), want.end(), got.begin() + std::ptrdiff_t(row) * rb)) << "staged row " << row;
+  }
+}
+
+}  // namespace
+}  // namespace sparse_mla::testing

@@ -1,0 +1,84 @@
+// The HiSparse swap-in at DeepSeek-V3.2's shapes (top-k 2048, 4096 hot slots
+// per request row, 656-byte rows, block size 64), set up so that every timed
+// launch has an exact, designed hit rate.
+//
+// Each request row selects a *fixed* part (the same `fixed` positions every
+// step: always hits once loaded) and a *rotating* part (K - fixed positions
+// that change with the rotation set c). The rotating parts of a cycle of
+// `sets` steps are disjoint and the cycle is long enough that a part is
+// evicted before it comes back, so in steady state every launch has exactly
+// `fixed` hits and K - fixed misses per row. The pinned host pool's bytes are
+// a function of their position (pool_word), so the gather is checked without
+// a host copy of the pool.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench_data.hpp"
+#include "sparse_mla/device.hpp"
+#include "sparse_mla/hisparse_ops.hpp"
+
+namespace sparse_mla::cli {
+
+struct HiSparseShape {
+  static constexpr std::int32_t top_k = 2048;
+  static constexpr std::int32_t hot_slots = 4096;
+  static constexpr std::int32_t block_size = 64;
+  static constexpr std::int64_t row_bytes = 656;
+  static constexpr std::int32_t hot_blocks_per_row = hot_slots / block_size;
+};
+
+// Word `i` (8 bytes) of a benchmark's host pool.
+inline std::uint64_t pool_word(std::uint64_t seed, std::uint64_t i) { return BenchRng(seed ^ (i * 0xD1B54A32D192ED03ULL)).next(); }
+
+// Fills `pool` (pinned) with pool_word, in chunks through a staging buffer.
+void fill_pool(Device& device, Stream& stream, Buffer& pool, std::uint64_t seed);
+// "" when hot row `hot_row` of `hot_cache` (host copy, rows of row_bytes
+// packed) holds host row `host_row` of the pool.
+std::string compare_pool_row(const std::vector<std::uint8_t>& hot_cache, std::int64_t hot_row, std::int64_t host_row,
+                             std::uint64_t seed);
+
+class HiSparseRig {
+ public:
+  // rows: request rows of the batch; fixed: hits per row in steady state;
+  // with_pool: allocate the host pool and the hot cache (for the gather).
+  HiSparseRig(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed);
+
+  // Sets a cycle of `sets` steps needs for the designed hit rate.
+  int min_sets() const;
+  std::size_t set_bytes() const;    // per rotation set: inputs, outputs, pool rows it brings in
+  std::size_t fixed_bytes() const;  // state, tables, hot cache, the fixed part of the pool
+  std::uint64_t misses_per_launch() const { return static_cast<std::uint64_t>(rows_) * (HiSparseShape::top_k - fixed_); }
+  std::uint64_t hits_per_launch() const { return static_cast<std::uint64_t>(rows_) * fixed_; }
+
+  void setup(Device& device, Stream& stream, int sets);
+  void resolve(Stream& stream, int set);
+  void gather(Stream& stream, int set);
+  // Resets the slot state to empty, runs set 0 (resolve, and the gather when
+  // there is a pool) and compares the first and last rows with the scalar
+  // model of tests/reference and the gathered rows with the pool.
+  std::string check(Device& device, Stream& stream);
+  // Hits and misses added to the group counters so far.
+  std::vector<std::int64_t> counters(Device& device, Stream& stream);
+
+ private:
+  std::vector<std::int32_t> selection(int set) const;  // [rows, top_k]
+  std::string compare_rows(Device& device, Stream& stream);
+
+  std::int32_t rows_;
+  std::int32_t fixed_;
+  bool with_pool_;
+  std::uint64_t seed_;
+  int sets_ = 0;
+  std::int32_t context_blocks_ = 0;  // source blocks per request
+  std::vector<std::int32_t> source_table_;
+  Buffer logical_, source_, hot_table_, ids_, slot_rows_, lru_, counters_, pool_, hot_cache_;
+  Buffer hot_indices_, attention_, swap_host_, swap_device_, valid_, swap_counts_;
+  std::vector<HiSparseResolveInputs> inputs_;
+  std::vector<HiSparseResolveOutputs> outputs_;
+  HiSparseSlotState state_;
+};
+
+}  // namespace sparse_mla::cli

@@ -1,0 +1,40 @@
+// sparse-mla validate --synthetic: a DeepSeek-V3.2-shaped schedule (one
+// prefill step, then decode steps) through the index groups of a model with an
+// index-producing layer every N layers, every layer's output checked against
+// the scalar reference (tests/reference/topk_reference.hpp).
+//
+// The validate command registers the options with add_synthetic_options and,
+// when --synthetic is given, calls run_synthetic.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace sparse_mla::cli {
+
+struct SyntheticOptions {
+  bool enabled = false;  // --synthetic
+  int layers = 61;
+  int index_every = 4;
+  int requests = 16;
+  int topk = 256;
+  int block_size = 64;
+  int context = 2048;  // tokens per request after the last decode step, at most
+  int steps = 12;      // decode steps after the prefill step
+  std::uint64_t seed = 0;
+  bool seed_given = false;
+};
+
+// Adds --synthetic and its options to `validate`.
+void add_synthetic_options(CLI::App& validate, SyntheticOptions& options);
+
+// Runs the schedule on `backend`; writes a summary (or one JSON object) to
+// `out`. Returns exit_ok, or exit_mismatch when any layer's output differs
+// from the reference or a group converted other than once per decode step.
+// Throws sparse_mla::Error for unusable options (exit_unusable).
+int run_synthetic(const std::string& backend, bool json, const SyntheticOptions& options, std::ostream& out);
+
+}  // namespace sparse_mla::cli
