@@ -208,6 +208,27 @@ TEST_P(GpuNativeTest, PinnedHostMemoryIsAddressableFromTheHostAndTheDevice) {
   EXPECT_EQ(download<std::uint8_t>(*device, *stream, on_device, n), std::vector<std::uint8_t>(n, 0x3C));
 }
 
+TEST_P(GpuNativeTest, FillWritesEveryMemoryKindInStreamOrder) {
+  // The runtime's memset writes only what the device can address; pageable
+  // host memory is filled by a host function queued on the stream.
+  SKIP_WITHOUT_DEVICE();
+  auto device = open_device(api().backend);
+  auto stream = device->create_stream();
+  for (MemoryKind kind : {MemoryKind::device, MemoryKind::pinned_host, MemoryKind::host}) {
+    SCOPED_TRACE(memory_kind_name(kind));
+    const std::size_t n = 4099;
+    Buffer b = device->allocate(n, kind);
+    Buffer source = upload(*device, *stream, std::vector<std::uint8_t>(n, 0x77), MemoryKind::device);
+    stream->copy(b, 0, source, 0, n);  // queued before the fills: they must come after it
+    stream->fill(b, 0, 0x11, n);
+    stream->fill(b, 100, 0x22, 1000);
+    const auto bytes = download<std::uint8_t>(*device, *stream, b, n);
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(bytes[i], (i >= 100 && i < 1100) ? 0x22 : 0x11) << "byte " << i;
+    }
+  }
+}
+
 TEST_P(GpuNativeTest, StreamsHaveTheirOwnNativeHandles) {
   SKIP_WITHOUT_DEVICE();
   auto device = open_device(api().backend);

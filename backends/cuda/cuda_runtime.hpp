@@ -11,6 +11,6 @@ namespace sparse_mla::cuda {
 
 // SPARSE_MLA_CUDA_KERNELS is defined by the build (cmake/SparseMlaGpu.cmake):
 // 1 when the Kokkos found has the Cuda execution space, else 0.
-SPARSE_MLA_GPU_RUNTIME(cuda, CUDA, HostAlloc, FreeHost, DeviceProp, SPARSE_MLA_CUDA_KERNELS);
+SPARSE_MLA_GPU_RUNTIME(cuda, CUDA, HostAlloc, FreeHost, DeviceProp, PointerAttributes, SPARSE_MLA_CUDA_KERNELS);
 
 }  // namespace sparse_mla::cuda

@@ -10,7 +10,8 @@
 //   - Calls that depend on the current device run under a DeviceGuard, which
 //     sets the object's device and restores the caller's afterwards.
 //   - Nothing in the stream and event paths synchronises the host or
-//     allocates, so a stream can be captured into a CUDA graph.
+//     allocates (but a fill of pageable host memory, which no kernel path
+//     does), so a stream can be captured into a CUDA graph.
 //   - With no device or no driver, unavailable_reason() says so and
 //     open_device() throws it; nothing else is called.
 #pragma once
@@ -18,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -84,6 +86,34 @@ template <class R>
 class GpuDevice;
 template <class R>
 class GpuStream;
+
+// Whether the current device can address `data` directly: device memory and
+// mapped pinned memory can, pageable host memory cannot (except where the
+// system lets GPUs address pageable memory, which the runtime then reports).
+template <class R>
+bool device_can_address(const void* data) {
+  typename R::pointer_attributes_t attributes{};
+  if (R::PointerGetAttributes(&attributes, data) != R::success) {
+    (void)R::GetLastError();  // HIP 5 answers hipErrorInvalidValue for memory it does not know
+    return false;
+  }
+  return attributes.devicePointer != nullptr;
+}
+
+// A byte fill of pageable host memory, run by the runtime on a host thread in
+// stream order: the runtime's memset only writes memory the device can address.
+// A stream callback rather than a host function node (cudaLaunchHostFunc):
+// Debian's libamdhip64 5.2 declares hipLaunchHostFunc but does not export it.
+template <class R>
+struct HostFill {
+  void* dst;
+  std::uint8_t value;
+  std::size_t bytes;
+  static void run(typename R::stream_t, typename R::error_t status, void* task) {
+    const std::unique_ptr<HostFill> fill(static_cast<HostFill*>(task));
+    if (status == R::success) std::memset(fill->dst, fill->value, fill->bytes);
+  }
+};
 
 template <class R>
 GpuStream<R>& as_gpu_stream(Stream& stream, const char* where) {
@@ -157,9 +187,19 @@ class GpuStream final : public Stream {
     DeviceGuard<R> guard(device_index());
     check<R>("MemcpyAsync", R::MemcpyAsync(dst, src, bytes, R::memcpy_default, stream_), " (", bytes, " bytes)");
   }
+  // Device and pinned memory: the runtime's memset. Pageable host memory
+  // (MemoryKind::host): a callback queued on the stream (not capturable; the
+  // kernels' paths never fill host memory).
   void fill_bytes(void* dst, std::uint8_t value, std::size_t bytes) override {
     DeviceGuard<R> guard(device_index());
-    check<R>("MemsetAsync", R::MemsetAsync(dst, static_cast<int>(value), bytes, stream_), " (", bytes, " bytes)");
+    if (device_can_address<R>(dst)) {
+      check<R>("MemsetAsync", R::MemsetAsync(dst, static_cast<int>(value), bytes, stream_), " (", bytes, " bytes)");
+      return;
+    }
+    auto task = std::make_unique<HostFill<R>>(HostFill<R>{dst, value, bytes});
+    check<R>("StreamAddCallback", R::StreamAddCallback(stream_, &HostFill<R>::run, task.get(), 0u), " (fill of ",
+             bytes, " bytes of host memory)");
+    task.release();  // HostFill::run frees it
   }
   void wait(Event& event) override {
     auto* gpu = dynamic_cast<GpuEvent<R>*>(&event);

@@ -9,13 +9,14 @@
 // includes its runtime API header and expands SPARSE_MLA_GPU_RUNTIME once,
 // naming the few things that are spelt differently:
 //
-//   SPARSE_MLA_GPU_RUNTIME(api, Label, HostAlloc, FreeHost, DeviceProp, kernels)
+//   SPARSE_MLA_GPU_RUNTIME(api, Label, HostAlloc, FreeHost, DeviceProp, PointerAttributes, kernels)
 //     api         cuda | hip: the prefix of every runtime name, and the Backend enumerator
 //     Label       CUDA | HIP: used in messages ("no CUDA device: ...")
 //     HostAlloc   cudaHostAlloc / hipHostMalloc (the mapped and portable flags
 //                 share that name: cudaHostAllocMapped / hipHostMallocMapped)
 //     FreeHost    cudaFreeHost / hipHostFree
 //     DeviceProp  cudaDeviceProp / hipDeviceProp_t
+//     PointerAttributes  cudaPointerAttributes / hipPointerAttribute_t
 //     kernels     1 when this build compiles the backend's Kokkos kernels
 //                 (backends/<api>/<api>_kernels.cpp), else 0
 //
@@ -40,12 +41,13 @@
     return api##Fn(args...);            \
   }
 
-#define SPARSE_MLA_GPU_RUNTIME(api, Label, HostAlloc, FreeHost, DeviceProp, kernels)                \
+#define SPARSE_MLA_GPU_RUNTIME(api, Label, HostAlloc, FreeHost, DeviceProp, PointerAttributes, kernels) \
   struct Runtime {                                                                                 \
     using error_t = api##Error_t;                                                                  \
     using stream_t = api##Stream_t;                                                                \
     using event_t = api##Event_t;                                                                  \
     using device_prop_t = api##DeviceProp;                                                         \
+    using pointer_attributes_t = api##PointerAttributes;                                           \
                                                                                                    \
     static constexpr ::sparse_mla::Backend backend = ::sparse_mla::Backend::api;                   \
     static constexpr const char* prefix = #api;   /* names of calls: prefix + "MemcpyAsync" */    \
@@ -68,12 +70,14 @@
     SPARSE_MLA_GPU_FORWARD(api, Malloc)                                                            \
     SPARSE_MLA_GPU_FORWARD(api, Free)                                                              \
     SPARSE_MLA_GPU_FORWARD(api, HostGetDevicePointer)                                              \
+    SPARSE_MLA_GPU_FORWARD(api, PointerGetAttributes)                                              \
     SPARSE_MLA_GPU_FORWARD(api, StreamCreateWithFlags)                                             \
     SPARSE_MLA_GPU_FORWARD(api, StreamDestroy)                                                     \
     SPARSE_MLA_GPU_FORWARD(api, StreamSynchronize)                                                 \
     SPARSE_MLA_GPU_FORWARD(api, StreamWaitEvent)                                                   \
     SPARSE_MLA_GPU_FORWARD(api, MemcpyAsync)                                                       \
     SPARSE_MLA_GPU_FORWARD(api, MemsetAsync)                                                       \
+    SPARSE_MLA_GPU_FORWARD(api, StreamAddCallback)                                                 \
     SPARSE_MLA_GPU_FORWARD(api, EventCreateWithFlags)                                              \
     SPARSE_MLA_GPU_FORWARD(api, EventDestroy)                                                      \
     SPARSE_MLA_GPU_FORWARD(api, EventRecord)                                                       \

@@ -15,6 +15,6 @@ namespace sparse_mla::hip {
 
 // SPARSE_MLA_HIP_KERNELS is defined by the build (cmake/SparseMlaGpu.cmake):
 // 1 when the Kokkos found has the HIP execution space, else 0.
-SPARSE_MLA_GPU_RUNTIME(hip, HIP, HostMalloc, HostFree, DeviceProp_t, SPARSE_MLA_HIP_KERNELS);
+SPARSE_MLA_GPU_RUNTIME(hip, HIP, HostMalloc, HostFree, DeviceProp_t, PointerAttribute_t, SPARSE_MLA_HIP_KERNELS);
 
 }  // namespace sparse_mla::hip
