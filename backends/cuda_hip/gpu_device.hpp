@@ -125,13 +125,14 @@ GpuStream<R>& as_gpu_stream(Stream& stream, const char* where) {
   return *gpu;
 }
 
-// Ordering only: created with timing disabled.
+// Ordering only (timing disabled, cheaper) unless made for timing.
 template <class R>
 class GpuEvent final : public Event {
  public:
-  explicit GpuEvent(GpuDevice<R>& device) : device_(device) {
+  GpuEvent(GpuDevice<R>& device, bool timing) : device_(device), timing_(timing) {
     DeviceGuard<R> guard(device_.index());
-    check<R>("EventCreateWithFlags", R::EventCreateWithFlags(&event_, R::event_disable_timing));
+    check<R>("EventCreateWithFlags",
+             R::EventCreateWithFlags(&event_, timing ? R::event_default : R::event_disable_timing));
   }
   ~GpuEvent() override { (void)R::EventDestroy(event_); }
   GpuEvent(const GpuEvent&) = delete;
@@ -155,9 +156,34 @@ class GpuEvent final : public Event {
   Device& device() const override { return device_; }
   typename R::event_t native() const { return event_; }
 
+  double elapsed_ms(Event& start) override {
+    auto* begin = dynamic_cast<GpuEvent<R>*>(&start);
+    if (begin == nullptr) fail("Event::elapsed_ms", "the start event belongs to another backend");
+    if (!timing_ || !begin->timing_) fail("Event::elapsed_ms", "both events must be created with timing enabled");
+    float ms = 0.0f;
+    check<R>("EventElapsedTime", R::EventElapsedTime(&ms, begin->event_, event_));
+    return ms;
+  }
+
  private:
   GpuDevice<R>& device_;
+  bool timing_;
   typename R::event_t event_ = nullptr;
+};
+
+// An instantiated graph; replays run on any stream of the same device.
+template <class R>
+class GpuGraph final : public Graph {
+ public:
+  GpuGraph(int device, typename R::graph_exec_t exec) : device_(device), exec_(exec) {}
+  ~GpuGraph() override { (void)R::GraphExecDestroy(exec_); }
+  GpuGraph(const GpuGraph&) = delete;
+  GpuGraph& operator=(const GpuGraph&) = delete;
+  void replay(Stream& stream) override;
+
+ private:
+  int device_;
+  typename R::graph_exec_t exec_;
 };
 
 // A non-blocking native stream (it never synchronises with the legacy
@@ -165,7 +191,7 @@ class GpuEvent final : public Event {
 template <class R>
 class GpuStream final : public Stream {
  public:
-  explicit GpuStream(GpuDevice<R>& device) : device_(device), join_(device) {
+  explicit GpuStream(GpuDevice<R>& device) : device_(device), join_(device, false) {
     DeviceGuard<R> guard(device_.index());
     check<R>("StreamCreateWithFlags", R::StreamCreateWithFlags(&stream_, R::stream_non_blocking));
   }
@@ -225,6 +251,23 @@ class GpuStream final : public Stream {
     check<R>("StreamSynchronize", R::StreamSynchronize(stream_));
   }
 
+  // Streams joined to this one through events (Stream::wait on an event
+  // recorded here) are captured too, and must join back before end_capture.
+  void begin_capture() override {
+    DeviceGuard<R> guard(device_index());
+    check<R>("StreamBeginCapture", R::StreamBeginCapture(stream_, R::capture_mode));
+  }
+  std::unique_ptr<Graph> end_capture() override {
+    DeviceGuard<R> guard(device_index());
+    typename R::graph_t graph = nullptr;
+    check<R>("StreamEndCapture", R::StreamEndCapture(stream_, &graph));
+    typename R::graph_exec_t exec = nullptr;
+    const auto status = R::GraphInstantiateWithFlags(&exec, graph, 0ull);
+    (void)R::GraphDestroy(graph);
+    check<R>("GraphInstantiateWithFlags", status);
+    return std::make_unique<GpuGraph<R>>(device_index(), exec);
+  }
+
  private:
   GpuDevice<R>& device_;
   GpuEvent<R> join_;
@@ -241,7 +284,7 @@ class GpuDevice final : public Device {
   Backend backend() const override { return R::backend; }
   DeviceInfo info() const override { return info_; }
   int index() const { return index_; }
-  std::unique_ptr<Event> create_event() override { return std::make_unique<GpuEvent<R>>(*this); }
+  std::unique_ptr<Event> create_event(bool timing) override { return std::make_unique<GpuEvent<R>>(*this, timing); }
 
  protected:
   std::unique_ptr<Stream> make_stream() override { return std::make_unique<GpuStream<R>>(*this); }
@@ -310,6 +353,14 @@ class GpuDevice final : public Device {
   int index_;
   DeviceInfo info_;
 };
+
+template <class R>
+void GpuGraph<R>::replay(Stream& stream) {
+  GpuStream<R>& gpu = as_gpu_stream<R>(stream, "Graph::replay");
+  if (gpu.device_index() != device_) fail("Graph::replay", "the graph was captured on device ", device_, ", the stream is on device ", gpu.device_index());
+  DeviceGuard<R> guard(device_);
+  check<R>("GraphLaunch", R::GraphLaunch(exec_, gpu.native()));
+}
 
 // Why no device of this runtime can be opened, or "" when one can.
 template <class R>

@@ -48,6 +48,8 @@
     using event_t = api##Event_t;                                                                  \
     using device_prop_t = api##DeviceProp;                                                         \
     using pointer_attributes_t = api##PointerAttributes;                                           \
+    using graph_t = api##Graph_t;                                                                  \
+    using graph_exec_t = api##GraphExec_t;                                                         \
                                                                                                    \
     static constexpr ::sparse_mla::Backend backend = ::sparse_mla::Backend::api;                   \
     static constexpr const char* prefix = #api;   /* names of calls: prefix + "MemcpyAsync" */    \
@@ -57,6 +59,10 @@
     static constexpr error_t not_ready = api##ErrorNotReady;                                       \
     static constexpr unsigned stream_non_blocking = api##StreamNonBlocking;                        \
     static constexpr unsigned event_disable_timing = api##EventDisableTiming;                      \
+    static constexpr unsigned event_default = api##EventDefault;                                   \
+    /* Our own thread may make no unsafe call (an allocation, a sync) while */                     \
+    /* it captures; other threads are not affected. */                                             \
+    static constexpr auto capture_mode = api##StreamCaptureModeThreadLocal;                        \
     static constexpr auto memcpy_default = api##MemcpyDefault;                                     \
                                                                                                    \
     static const char* error_name(error_t error) { return api##GetErrorName(error); }              \
@@ -83,6 +89,13 @@
     SPARSE_MLA_GPU_FORWARD(api, EventRecord)                                                       \
     SPARSE_MLA_GPU_FORWARD(api, EventQuery)                                                        \
     SPARSE_MLA_GPU_FORWARD(api, EventSynchronize)                                                  \
+    SPARSE_MLA_GPU_FORWARD(api, EventElapsedTime)                                                  \
+    SPARSE_MLA_GPU_FORWARD(api, StreamBeginCapture)                                                \
+    SPARSE_MLA_GPU_FORWARD(api, StreamEndCapture)                                                  \
+    SPARSE_MLA_GPU_FORWARD(api, GraphInstantiateWithFlags)                                         \
+    SPARSE_MLA_GPU_FORWARD(api, GraphLaunch)                                                       \
+    SPARSE_MLA_GPU_FORWARD(api, GraphExecDestroy)                                                  \
+    SPARSE_MLA_GPU_FORWARD(api, GraphDestroy)                                                      \
                                                                                                    \
     /* Page-locked host memory, mapped into every device's address space. */                       \
     static constexpr const char* host_alloc_call = #HostAlloc;                                     \
