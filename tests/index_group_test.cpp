@@ -16,6 +16,7 @@
 
 #include "backend_test.hpp"
 #include "host/host_device.hpp"
+#include "reference/fp8_reference.hpp"
 #include "reference/topk_reference.hpp"
 #include "sparse_mla/error.hpp"
 #include "sparse_mla/host_debug.hpp"
@@ -505,6 +506,67 @@ TEST_P(IndexGroupTest, BlockStrideRowsLargerThanBlockSize) {
   EXPECT_EQ(read(*device, *compute, follower.valid_counts), want.valid_counts);
 }
 
+// ---- FP8 prefill ----
+
+// A small fp8_ds_mla cache (random bytes: every encoding, NaN scales too) and
+// a two-request gather over it, on the device and as reference inputs.
+struct Fp8Prefill {
+  reference::Fp8GatherInputs in;
+  Buffer cache, block_table, workspace_starts, dst;
+  Tensor cache_view, block_table_view, workspace_starts_view, dst_view;
+  std::vector<std::uint16_t> poison;
+};
+
+Fp8Prefill fp8_prefill(Device& device, Stream& compute, std::mt19937_64& rng) {
+  Fp8Prefill p;
+  p.in.num_blocks = 6;
+  p.in.cache_block_size = p.in.block_size = 4;
+  p.in.blocks_per_request = 3;
+  p.in.batch = 2;
+  p.in.total_rows = 12;
+  p.in.workspace_starts = {0, 7};
+  std::uniform_int_distribution<int> byte(0, 255), block(0, 5);
+  p.in.cache.resize(static_cast<std::size_t>(p.in.num_blocks * p.in.cache_block_size) * reference::row_bytes);
+  for (auto& b : p.in.cache) b = static_cast<std::uint8_t>(byte(rng));
+  for (int i = 0; i < 6; ++i) p.in.block_table.push_back(block(rng));
+  // The engine writes the cache on the compute stream, late under the delay
+  // switch: a plain group's gather must queue behind it.
+  Buffer staging = device.allocate(p.in.cache.size(), MemoryKind::host);
+  std::memcpy(staging.data(), p.in.cache.data(), p.in.cache.size());
+  p.cache = device.allocate(p.in.cache.size(), MemoryKind::device);
+  compute.fill(p.cache, 0, 0xFF, p.cache.bytes());
+  compute.copy(p.cache, 0, staging, 0, staging.bytes());
+  p.block_table = upload(device, compute, p.in.block_table);  // synchronises: staging may go
+  p.workspace_starts = upload(device, compute, p.in.workspace_starts);
+  p.poison.assign(static_cast<std::size_t>(p.in.total_rows) * reference::out_width, 0xA5A5);
+  p.dst = upload(device, compute, p.poison);
+  p.cache_view = Tensor::of(p.cache, DType::u8, {6, 4, 656});
+  p.block_table_view = Tensor::of(p.block_table, DType::i32, {2, 3});
+  p.workspace_starts_view = Tensor::of(p.workspace_starts, DType::i32, {2});
+  p.dst_view = Tensor::of(p.dst, DType::bf16, {12, 576});
+  return p;
+}
+
+TEST_P(IndexGroupTest, PlainGroupsGatherFp8PrefillOnTheComputeStreamWithoutAnEvent) {
+  SCOPED_TRACE(seed_trace());
+  DelayScope delay(1000);
+  auto rng = seeded_rng(10);
+  auto compute = device->create_stream();
+  Model m = make_model(device, index_every(2, 2), 8, 64, 4);
+  SparseMLAIndexGroup& group = *m.builder->groups()[0];
+  for (int layer = 0; layer < 2; ++layer) {
+    SCOPED_TRACE("layer " + std::to_string(layer));
+    Fp8Prefill p = fp8_prefill(*device, *compute, rng);
+    BatchMetadata batch;
+    Event* ready = group.gather_fp8_prefill(layer, *compute, p.cache_view, p.dst_view, p.block_table_view,
+                                            p.workspace_starts_view, 2, batch, 0);
+    EXPECT_EQ(ready, nullptr);
+    std::vector<std::uint16_t> want = p.poison;
+    reference::gather_upconvert(p.in, want);
+    EXPECT_EQ(download<std::uint16_t>(*device, *compute, p.dst, want.size()), want);
+  }
+}
+
 // ---- rejected calls ----
 
 void expect_error(const std::function<void()>& call, const std::string& fragment) {
@@ -631,6 +693,23 @@ TEST_P(IndexGroupTest, FollowersThatDoNotMatchTheLeaderAreRejected) {
                "layer 1 asks for valid counts but the leader converted without them");
   f.expect_workspace(converted);
   EXPECT_EQ(g.conversion_counts().decode, 1u);
+}
+
+TEST_P(IndexGroupTest, RejectedFp8PrefillGathersWriteNothing) {
+  auto rng = seeded_rng(11);
+  auto compute = device->create_stream();
+  Model m = make_model(device, index_every(2, 2), 8, 64, 4);
+  SparseMLAIndexGroup& group = *m.builder->groups()[0];
+  Fp8Prefill p = fp8_prefill(*device, *compute, rng);
+  const BatchMetadata batch;
+  expect_error([&] { group.gather_fp8_prefill(2, *compute, p.cache_view, p.dst_view, p.block_table_view,
+                                              p.workspace_starts_view, 2, batch, 0); },
+               "SparseMLAIndexGroup::gather_fp8_prefill: layer_index 2 is not a registered layer");
+  const Tensor f32_dst = Tensor::of(p.dst, DType::f32, {12, 288});
+  expect_error([&] { group.gather_fp8_prefill(0, *compute, p.cache_view, f32_dst, p.block_table_view,
+                                              p.workspace_starts_view, 2, batch, 0); },
+               "dst has dtype F32, expected BF16");
+  EXPECT_EQ(download<std::uint16_t>(*device, *compute, p.dst, p.poison.size()), p.poison);
 }
 
 TEST_P(IndexGroupTest, BadBuilderArgumentsAreRejected) {

@@ -83,6 +83,18 @@ void SparseMLAIndexGroup::prepare_for_batch(int layer_index, const BatchMetadata
   check_layer("SparseMLAIndexGroup::prepare_for_batch", layer_index, compute);
 }
 
+Event* SparseMLAIndexGroup::gather_fp8_prefill(int layer_index, Stream& compute, const Tensor& source_cache,
+                                               const Tensor& dst, const Tensor& block_table,
+                                               const Tensor& workspace_starts, std::int64_t batch_size,
+                                               const BatchMetadata& /*batch*/, std::int64_t /*request_start*/,
+                                               Fp8Format format) {
+  check_layer("SparseMLAIndexGroup::gather_fp8_prefill", layer_index, compute);
+  Fp8GatherParams params;
+  params.format = format;
+  gather_upconvert_fp8(compute, source_cache, dst, block_table, workspace_starts, batch_size, params);
+  return nullptr;
+}
+
 TopkConversion SparseMLAIndexGroup::convert_logical_to_physical_topk(int layer_index, Stream& compute,
                                                                      const Tensor& logical_topk,
                                                                      const BatchMetadata& batch,

@@ -88,6 +88,17 @@ class SparseMLAIndexGroup {
                                                           const Tensor& logical_topk, const BatchMetadata& batch,
                                                           std::int64_t block_stride_rows, bool return_valid_counts);
 
+  // Step 4, FP8 prefill: the gather-upconvert of SPEC section 3 (the
+  // arguments of gather_upconvert_fp8 in ops.hpp). Plain groups run it on
+  // `compute` and return nullptr: no event to wait on. HiSparse groups run it
+  // on their prefill stream from the staging plan (batch,
+  // request_start) and return the layer's prefill-ready event, which the
+  // caller waits on before prefill attention.
+  virtual Event* gather_fp8_prefill(int layer_index, Stream& compute, const Tensor& source_cache, const Tensor& dst,
+                                    const Tensor& block_table, const Tensor& workspace_starts,
+                                    std::int64_t batch_size, const BatchMetadata& batch, std::int64_t request_start,
+                                    Fp8Format format = Fp8Format::e4m3fn);
+
   // Piecewise capture mode (SPEC section 4): no event recorded inside a
   // captured piece is waited on from outside it; the leader's side stream
   // waits for the compute stream instead. Set it before the step's calls.
