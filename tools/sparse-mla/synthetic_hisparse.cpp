@@ -62,12 +62,14 @@ class Scratch {
   template <class T>
   Tensor upload(Stream& stream, const std::vector<T>& values, const std::vector<std::int64_t>& shape) {
     const std::size_t bytes = values.size() * sizeof(T);
-    buffers_.push_back(device_.allocate(bytes, MemoryKind::host));
-    if (bytes) std::memcpy(buffers_.back().data(), values.data(), bytes);
-    Buffer& staging = buffers_.back();
-    buffers_.push_back(device_.allocate(bytes, MemoryKind::device));
-    stream.copy(buffers_.back(), 0, staging, 0, bytes);
-    return Tensor::of(buffers_.back(), dtype_of<T>::value, shape);
+    Buffer staging = device_.allocate(bytes, MemoryKind::host);
+    if (bytes) std::memcpy(staging.data(), values.data(), bytes);
+    Buffer target = device_.allocate(bytes, MemoryKind::device);
+    stream.copy(target, 0, staging, 0, bytes);
+    const Tensor t = Tensor::of(target, dtype_of<T>::value, shape);
+    buffers_.push_back(std::move(staging));  // both live until the step's synchronize
+    buffers_.push_back(std::move(target));
+    return t;
   }
   template <class T>
   std::vector<T> download(Stream& stream, const Tensor& t) {
@@ -121,6 +123,7 @@ class HiSparseRun {
   std::vector<std::int32_t> lengths;
   std::vector<std::vector<std::vector<std::int32_t>>> selections;  // [group][request]
   std::vector<std::uint32_t> versions;                            // per host row
+  std::vector<bool> ever_written;                                 // per host row: the layers wrote it (else zeros)
   Tensor source_table;
   Buffer source_storage;
   std::int64_t prefill_tokens = 0, staged_rows = 0;
@@ -184,6 +187,7 @@ HiSparseRun::HiSparseRun(const std::string& backend, const SyntheticOptions& opt
   models.assign(groups.size(), reference::HiSparseState(o.requests, resolved.hot_slots));
   selections.assign(groups.size(), std::vector<std::vector<std::int32_t>>(static_cast<std::size_t>(o.requests)));
   versions.assign(static_cast<std::size_t>(config.host_pool_rows), 0);
+  ever_written.assign(static_cast<std::size_t>(config.host_pool_rows), false);
   source_storage = device->allocate(tables.source_table.size() * 4, MemoryKind::device);
   Scratch scratch(*device);
   const Tensor table = scratch.upload(*compute, tables.source_table, {o.requests, blocks});
@@ -196,9 +200,10 @@ std::int32_t HiSparseRun::host_row(std::int32_t request, std::int32_t tok) const
   return reference::model_host_row(tables, request, tok);
 }
 
+// The host pools start zeroed; a row holds its content once written.
 bool HiSparseRun::row_matches(std::size_t layer, std::int32_t g, const std::uint8_t* bytes) const {
-  std::uint8_t want[row_bytes];
-  row_content(seed, layer, g, versions[static_cast<std::size_t>(g)], want);
+  std::uint8_t want[row_bytes] = {};
+  if (ever_written[static_cast<std::size_t>(g)]) row_content(seed, layer, g, versions[static_cast<std::size_t>(g)], want);
   return std::memcmp(want, bytes, row_bytes) == 0;
 }
 
@@ -207,6 +212,7 @@ bool HiSparseRun::row_matches(std::size_t layer, std::int32_t g, const std::uint
 void HiSparseRun::write_rows(const std::vector<std::int32_t>& host_rows, const std::vector<std::int32_t>& states,
                              Scratch& scratch) {
   const std::int64_t n = static_cast<std::int64_t>(host_rows.size());
+  for (std::int32_t g : host_rows) ever_written[static_cast<std::size_t>(g)] = true;
   const Tensor ids = scratch.upload(*compute, host_rows, {n});
   const Tensor owners = scratch.upload(*compute, states, {n});
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(n * row_bytes));
@@ -264,7 +270,7 @@ void HiSparseRun::check_prefill_layer(std::size_t layer, const HiSparsePrefillSt
   for (std::size_t row = 0; row < plan.host_row_ids.size(); ++row) {
     const std::int32_t g = plan.host_row_ids[row];
     const std::uint8_t* got = &bytes[row * std::size_t(row_bytes)];
-    const bool ok = g >= 0 ? row_matches(layer, g, got) : std::all_of(got, got + row_bytes, [](std::uint8_t b) { return b == 0; });
+    const bool ok = g >= 0 ? row_matches(layer, g, got) : std::all_of(got, got + row_bytes, [](std::uint8_t b) { return b == 0; });  // the null block
     ++tally.checked_rows;
     if (!ok) tally.note("prefill, layer " + std::to_string(layer) + ": staged row " + std::to_string(row) + " differs");
   }
