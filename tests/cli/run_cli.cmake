@@ -1,6 +1,6 @@
 # Runs the sparse-mla CLI once and checks how it ended, for ctest:
 #   cmake -DCLI=<sparse-mla> -DARGS="validate|--golden|f.safetensors" -DEXPECT_EXIT=2
-#         [-DEXPECT_STDERR_LINES=1] [-DEXPECT_STDOUT_REGEX=...] -P run_cli.cmake
+#         [-DEXPECT_STDERR_LINES=1] [-DEXPECT_STDOUT_REGEX=...] [-DEXPECT_STDERR_REGEX=...] -P run_cli.cmake
 # ARGS separates arguments with '|' (ctest would split ';'). Sanitizer
 # reports go to stderr, so counting its lines also catches them.
 string(REPLACE "|" ";" args "${ARGS}")
@@ -23,4 +23,7 @@ if(DEFINED EXPECT_STDERR_LINES)
 endif()
 if(DEFINED EXPECT_STDOUT_REGEX AND NOT out MATCHES "${EXPECT_STDOUT_REGEX}")
   message(FATAL_ERROR "stdout does not match '${EXPECT_STDOUT_REGEX}'\n${shown}")
+endif()
+if(DEFINED EXPECT_STDERR_REGEX AND NOT err MATCHES "${EXPECT_STDERR_REGEX}")
+  message(FATAL_ERROR "stderr does not match '${EXPECT_STDERR_REGEX}'\n${shown}")
 endif()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (README, second command):
 #   host preset with -Werror, then AddressSanitizer + UndefinedBehaviorSanitizer
-#   over every test, ThreadSanitizer over the host-stream tests.
+#   over every test, ThreadSanitizer over the host-stream tests, then the
+#   libFuzzer targets for a bounded time (FUZZ_SECONDS, default 60 per target).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tools/ci/deps.sh
@@ -17,5 +18,8 @@ cmake --workflow --preset host-asan
 
 step "host-tsan: host-stream tests under ThreadSanitizer"
 cmake --workflow --preset host-tsan
+
+step "fuzz: libFuzzer over the safetensors reader and the golden dispatch (${FUZZ_SECONDS:-60}s per target)"
+FUZZ_SECONDS=${FUZZ_SECONDS:-60} bash tools/ci/fuzz.sh
 
 echo; echo "==== all test stages passed (jobs: $jobs) ===="

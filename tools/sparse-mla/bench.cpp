@@ -66,6 +66,7 @@ std::vector<CaseSpec> select_cases(const BenchOptions& o, const BenchConfig& con
   std::vector<CaseSpec> all;
   add_copy_cases(all, config);
   add_convert_cases(all, config);
+  add_upconvert_cases(all, config);
   add_group_cases(all, config);
   add_hisparse_cases(all, config);
   add_gather_cases(all, config);

@@ -18,5 +18,6 @@ struct Commands {
 
 void add_info(CLI::App& app, Commands& commands);
 void add_bench(CLI::App& app, Commands& commands);
+void add_validate(CLI::App& app, Commands& commands);
 
 }  // namespace sparse_mla::cli

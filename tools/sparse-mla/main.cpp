@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   sparse_mla::cli::Commands commands;
   sparse_mla::cli::add_info(app, commands);
+  sparse_mla::cli::add_validate(app, commands);
   sparse_mla::cli::add_bench(app, commands);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,92 @@
+// validate --golden, kind topk_convert (golden/README.md): runs the top-k
+// conversion on the file's inputs, with and without valid counts, and
+// compares physical indices and counts with the file's.
+#include <limits>
+#include <string>
+
+#include "golden_cases.hpp"
+#include "sparse_mla/error.hpp"
+#include "sparse_mla/ops.hpp"
+
+namespace sparse_mla::cli::validation {
+
+namespace {
+
+struct TopkCase {
+  std::int64_t tokens, topk, requests, blocks, block_size, block_stride_rows;
+  bool counts;
+};
+
+TopkCase read_case(const SafetensorsFile& f) {
+  TopkCase c{f.meta_int("num_tokens"), f.meta_int("num_topk"), f.meta_int("num_requests"),
+             f.meta_int("max_num_blocks_per_req"), f.meta_int("block_size"), f.meta_int("block_stride_rows"),
+             f.meta_bool("return_valid_counts")};
+  if (c.block_size < 1) fail(f.origin(), "metadata block_size must be positive, got ", c.block_size);
+  if (c.block_stride_rows < c.block_size) {
+    fail(f.origin(), "metadata block_stride_rows ", c.block_stride_rows, " is less than block_size ", c.block_size);
+  }
+  if (f.has_meta("has_prefill_workspace") && f.meta_bool("has_prefill_workspace")) {
+    fail(f.origin(), "has_prefill_workspace is true, but topk_convert files define no workspace tensors");
+  }
+  f.require("req_id", DType::i32, {c.tokens});
+  f.require("block_table", DType::i32, {c.requests, c.blocks});
+  f.require("logical", DType::i32, {c.tokens, c.topk});
+  f.require("physical", DType::i32, {c.tokens, c.topk});
+  if (c.counts) f.require("valid_counts", DType::i32, {c.tokens});
+  // Block ids are checked where the file says how many blocks there are.
+  const std::int64_t physical_blocks = f.has_meta("num_physical_blocks")
+                                           ? f.meta_int("num_physical_blocks")
+                                           : std::int64_t{std::numeric_limits<std::int32_t>::max()} + 1;
+  try {
+    check_topk_table_values(f.tensor("req_id").data<std::int32_t>(), c.tokens,
+                            f.tensor("block_table").data<std::int32_t>(), c.requests, c.blocks, physical_blocks);
+  } catch (const Error& e) {
+    fail(f.origin(), e.what());
+  }
+  return c;
+}
+
+std::string show_i32(std::int32_t v) { return std::to_string(v); }
+
+// One conversion into poisoned caller-owned outputs; compares what the file
+// holds.
+void run_once(const SafetensorsFile& f, const TopkCase& c, bool counts, DeviceScratch& scratch, MismatchLog& log) {
+  const Tensor physical = scratch.filled(DType::i32, {c.tokens, c.topk}, 0xA5);
+  const Tensor valid_counts = counts ? scratch.filled(DType::i32, {c.tokens}, 0xA5) : Tensor();
+  TopkConvertParams params;
+  params.block_size = static_cast<std::int32_t>(c.block_size);
+  params.block_stride_rows = c.block_stride_rows;
+  params.return_valid_counts = counts;
+  convert_logical_to_physical_topk(scratch.stream(), scratch.upload(f.tensor("req_id")),
+                                   scratch.upload(f.tensor("block_table")), scratch.upload(f.tensor("logical")),
+                                   params, physical, valid_counts);
+  const std::string name = counts ? "physical" : "physical_without_counts";
+  const auto got = values_of<std::int32_t>(scratch.download(physical));
+  log.compare(name, {c.tokens, c.topk}, got.data(), f.tensor("physical").data<std::int32_t>(),
+              c.tokens * c.topk, show_i32);
+  if (counts) {
+    const auto got_counts = values_of<std::int32_t>(scratch.download(valid_counts));
+    log.compare("valid_counts", {c.tokens}, got_counts.data(), f.tensor("valid_counts").data<std::int32_t>(),
+                c.tokens, show_i32);
+  }
+}
+
+}  // namespace
+
+PreparedCase prepare_topk_convert(std::shared_ptr<const SafetensorsFile> file) {
+  const TopkCase c = read_case(*file);
+  return [file, c](const ValidateContext& context) {
+    CaseResult result{file->origin(), "topk_convert", 0, 0, {}, {}};
+    DeviceScratch scratch(context.device);
+    MismatchLog log(result);
+    run_once(*file, c, c.counts, scratch, log);
+    // The reference gives the same physical indices without counting.
+    if (c.counts) run_once(*file, c, false, scratch, log);
+    result.details["tokens"] = c.tokens;
+    result.details["topk"] = c.topk;
+    result.details["block_size"] = c.block_size;
+    return result;
+  };
+}
+
+}  // namespace sparse_mla::cli::validation
