@@ -32,4 +32,31 @@ std::string kokkos_version() {
          std::to_string(KOKKOS_VERSION % 100);
 }
 
+std::vector<std::string> kokkos_execution_spaces() {
+  std::vector<std::string> spaces{Kokkos::DefaultExecutionSpace::name()};
+  auto add = [&spaces](const char* name) {
+    if (name != spaces.front()) spaces.emplace_back(name);
+  };
+#ifdef KOKKOS_ENABLE_CUDA
+  add(Kokkos::Cuda::name());
+#endif
+#ifdef KOKKOS_ENABLE_HIP
+#if KOKKOS_VERSION >= 40000
+  add(Kokkos::HIP::name());
+#else
+  add(Kokkos::Experimental::HIP::name());
+#endif
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+  add(Kokkos::OpenMP::name());
+#endif
+#ifdef KOKKOS_ENABLE_THREADS
+  add(Kokkos::Threads::name());
+#endif
+#ifdef KOKKOS_ENABLE_SERIAL
+  add(Kokkos::Serial::name());
+#endif
+  return spaces;
+}
+
 }  // namespace sparse_mla

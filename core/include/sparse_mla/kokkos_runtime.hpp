@@ -4,11 +4,15 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace sparse_mla {
 
 void ensure_kokkos_initialized();
 // "4.6.1", "3.4.1"
 std::string kokkos_version();
+// The execution spaces the Kokkos in use was built with, default first:
+// {"Cuda", "Serial"}, {"Serial"}.
+std::vector<std::string> kokkos_execution_spaces();
 
 }  // namespace sparse_mla
