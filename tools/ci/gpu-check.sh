@@ -3,6 +3,8 @@
 # checks the build on the GPU: every test, the golden files, the synthetic
 # schedules (plain and HiSparse), then the benchmark. Logs go to OUT_DIR.
 #   bash tools/ci/gpu-check.sh KOKKOS_PREFIX OUT_DIR [bench options...]
+# Environment: DEPS_PREFIX (more CMake prefixes, ';'-separated: GoogleTest,
+# CLI11, nlohmann-json where the machine lacks them), WERROR (ON by default).
 # Used for the H200 runs recorded in docs/PERFORMANCE.md.
 set -uo pipefail
 kokkos=${1:?Kokkos prefix}
@@ -24,8 +26,10 @@ run() {  # run NAME CMD...: log to OUT_DIR/NAME.log, remember failures
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
-run configure cmake --preset cuda -DKokkos_ROOT="$kokkos" -DSPARSE_MLA_BUILD_FUZZ=OFF
-run build cmake --build --preset cuda -j "$(nproc)"
+run configure cmake --preset cuda -DKokkos_ROOT="$kokkos" "-DCMAKE_PREFIX_PATH=$kokkos;${DEPS_PREFIX:-}" \
+  -DSPARSE_MLA_WERROR="${WERROR:-ON}"
+run build cmake --build --preset cuda -j "$(nproc)" -- -k 0
+grep -E "error|warning" "$out/build.log" | head -n 40
 cli=build/cuda/bin/sparse-mla
 run info "$cli" info
 run ctest ctest --preset cuda -j 4 --timeout 300
