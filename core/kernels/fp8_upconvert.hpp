@@ -57,19 +57,19 @@ KOKKOS_INLINE_FUNCTION float decode(std::uint32_t byte, bool fnuz) {
 // canonical NaN that CUDA's cvt.rn.bf16.f32 gives the reference engine.
 KOKKOS_INLINE_FUNCTION std::uint32_t bf16_rne(float value) {
   const std::uint32_t u = to_bits(value);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;
-  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FFFu : rounded;
 }
 
-// 16 fp8 bytes (4 little-endian words) to 16 bf16 (8 words, two per word).
-KOKKOS_INLINE_FUNCTION void upconvert16(const std::uint32_t in[4], float scale, bool fnuz, std::uint32_t out[8]) {
-  for (int i = 0; i < 8; ++i) {
-    const std::uint32_t pair = in[i / 2] >> (16 * (i % 2));
-    const std::uint32_t lo = bf16_rne(decode(pair & 0xFFu, fnuz) * scale);
-    const std::uint32_t hi = bf16_rne(decode((pair >> 8) & 0xFFu, fnuz) * scale);
-    out[i] = lo | (hi << 16);
-  }
-}
+// On CPUs the decode is a 256-entry table filled by decode() for each launch
+// (a load beats a dozen dependent operations there); GPUs compute it, as a
+// table lookup per lane would serialise on divergent addresses.
+struct DecodeTable {
+  float value[256];
+};
+struct NoTable {};
+template <class Space>
+using DecodeTableFor = std::conditional_t<is_host_space<Space>, DecodeTable, NoTable>;
 
 // 16-byte loads and stores: one vector access when aligned, bytes otherwise.
 template <bool Vector>
@@ -107,6 +107,7 @@ template <class Space, bool Vector>
 struct Fp8Upconvert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   Fp8UpconvertArgs a;
+  fp8::DecodeTableFor<Space> table;
 
   // The rows of one block that one request copies.
   struct Page {
@@ -165,6 +166,24 @@ struct Fp8Upconvert {
     return a.host_cache + host_row * a.host_row_stride;
   }
 
+  KOKKOS_INLINE_FUNCTION float decoded(std::uint32_t byte) const {
+    if constexpr (is_host_space<Space>) {
+      return table.value[byte];
+    } else {
+      return fp8::decode(byte, a.format == Fp8Format::e4m3fnuz);
+    }
+  }
+
+  // 16 fp8 bytes (4 little-endian words) to 16 bf16 (8 words, two per word).
+  KOKKOS_INLINE_FUNCTION void upconvert16(const std::uint32_t in[4], float scale, std::uint32_t out[8]) const {
+    for (int i = 0; i < 8; ++i) {
+      const std::uint32_t pair = in[i / 2] >> (16 * (i % 2));
+      const std::uint32_t lo = fp8::bf16_rne(decoded(pair & 0xFFu) * scale);
+      const std::uint32_t hi = fp8::bf16_rne(decoded((pair >> 8) & 0xFFu) * scale);
+      out[i] = lo | (hi << 16);
+    }
+  }
+
   KOKKOS_INLINE_FUNCTION void unit(const std::uint8_t* src, std::uint16_t* dst_row, int k) const {
     auto* out = reinterpret_cast<std::uint8_t*>(dst_row);
     std::uint32_t in[4];
@@ -174,7 +193,7 @@ struct Fp8Upconvert {
       fp8::load16<Vector>(src + fp8_scales_offset, scale_bits);
       const float scale = fp8::from_bits(scale_bits[k / fp8::units_per_scale]);
       std::uint32_t converted[8];
-      fp8::upconvert16(in, scale, a.format == Fp8Format::e4m3fnuz, converted);
+      upconvert16(in, scale, converted);
       fp8::store16<Vector>(out + 32 * k, converted);
       fp8::store16<Vector>(out + 32 * k + 16, converted + 4);
     } else {
@@ -209,10 +228,14 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
   // 512 threads as the reference: a 64-row page is 5 units per thread.
   const int team = row_team_size<Space>(512);
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(tasks), team);
+  fp8::DecodeTableFor<Space> table{};
+  if constexpr (is_host_space<Space>) {
+    for (std::uint32_t byte = 0; byte < 256; ++byte) table.value[byte] = fp8::decode(byte, a.format == Fp8Format::e4m3fnuz);
+  }
   if (vector) {
-    Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy, Fp8Upconvert<Space, true>{a});
+    Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy, Fp8Upconvert<Space, true>{a, table});
   } else {
-    Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy, Fp8Upconvert<Space, false>{a});
+    Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy, Fp8Upconvert<Space, false>{a, table});
   }
 }
 
