@@ -13,5 +13,5 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/sparse_mlaConfig.cmake
   ${PROJECT_BINARY_DIR}/sparse_mlaConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/sparse_mla)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/sparse_mlaConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/sparse_mlaConfig.cmake ${PROJECT_BINARY_DIR}/sparse_mlaConfigVersion.cmake
-  ${PROJECT_SOURCE_DIR}/cmake/SparseMlaKokkosFixup.cmake
+  ${PROJECT_SOURCE_DIR}/cmake/SparseMlaKokkosFixup.cmake ${PROJECT_SOURCE_DIR}/cmake/SparseMlaGpu.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/sparse_mla)

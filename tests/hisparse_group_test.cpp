@@ -20,6 +20,7 @@
 #include "sparse_mla/error.hpp"
 #include "sparse_mla/hisparse.hpp"
 #include "sparse_mla/host_debug.hpp"
+#include "sparse_mla/ops.hpp"
 #include "test_util.hpp"
 
 namespace sparse_mla::testing {
@@ -36,6 +37,13 @@ class DelayScope {
  private:
   std::uint32_t saved_;
 };
+
+// A device tensor of bf16 values (bit patterns).
+DeviceTensor bf16_tensor(Device& device, Stream& stream, const std::vector<std::uint16_t>& bits, std::int64_t rows) {
+  DeviceTensor t{upload(device, stream, bits), Tensor()};
+  t.tensor = Tensor::of(t.buffer, DType::bf16, {rows, 576});
+  return t;
+}
 
 template <class T>
 std::vector<T> read_tensor(Device& device, Stream& stream, const Tensor& t) {
@@ -382,6 +390,87 @@ TEST_P(HiSparseGroupTest, PrefillStagingPlanAndStagedRows) {
     }
     ASSERT_TRUE(std::equal(want.begin(), want.end(), got.begin() + std::ptrdiff_t(row) * rb)) << "staged row " << row;
   }
+}
+
+// FP8 prefill through the plan: resident pages from the device, the rest
+// straight from the host pool, gives what the plain gather-upconvert gives
+// on a device cache holding the same rows. The host copies of the resident
+// rows are cleared first, so reading them from the host would show.
+TEST_P(HiSparseGroupTest, Fp8PrefillFromResidentAndHostRowsMatchesThePlainKernel) {
+  SCOPED_TRACE(seed_trace());
+  DelayScope delay(200);
+  auto rng = seeded_rng(35);
+  Engine e(device, {true, false}, {hisparse_layer("fp8_ds_mla", 576), hisparse_layer("fp8_ds_mla", 576)}, rng);
+  HiSparseMLAIndexGroup& g = e.group(1);
+  const int layer = e.layers[1].index_in_group;
+  const std::int64_t rb = 656, pool_blocks = e.tables.host_rows / block_size;
+  // The plain kernel's input: the layer's host pool as a paged device cache.
+  const auto paged = device_tensor(*device, *e.compute, e.pools[1], {pool_blocks, block_size, rb});
+  const std::int64_t P = 3;
+  const std::vector<std::int32_t> prefill_requests = {2, 0, 3};
+  const std::vector<std::int64_t> lengths = {40, 129, 7};
+  std::vector<std::int32_t> table, starts;
+  std::int32_t total = 0;
+  for (std::size_t p = 0; p < prefill_requests.size(); ++p) {
+    const auto row = e.tables.source_table.begin() + prefill_requests[p] * blocks;
+    table.insert(table.end(), row, row + blocks);
+    starts.push_back(total);
+    total += static_cast<std::int32_t>(lengths[p]);
+  }
+  const auto table_t = device_tensor(*device, *e.compute, table, {P, blocks});
+  const auto starts_t = device_tensor(*device, *e.compute, starts, {P});
+  const std::vector<std::uint16_t> poison(std::size_t(total) * 576, 0xA5A5);
+  const auto plain_dst = bf16_tensor(*device, *e.compute, poison, total);
+  gather_upconvert_fp8(*e.compute, paged.tensor, plain_dst.tensor, table_t.tensor, starts_t.tensor, P);
+  const auto want = read_tensor<std::uint16_t>(*device, *e.compute, plain_dst.tensor);
+  ASSERT_LT(std::count(want.begin(), want.end(), std::uint16_t{0xA5A5}), std::ptrdiff_t(want.size() / 100)) << "the plain kernel wrote the rows";
+
+  // Some pages are resident: their rows move to a device cache and leave the host pool.
+  std::vector<std::int32_t> resident(std::size_t(P * blocks), 0);
+  resident[1] = 2;                   // request 2, block 1
+  resident[std::size_t(blocks + 0)] = 5;  // request 0, block 0
+  resident[std::size_t(blocks + 8)] = 7;  // request 0, block 8
+  std::vector<std::uint8_t> resident_bytes(std::size_t(8 * block_size * rb), 0);
+  std::vector<std::int32_t> cleared;
+  for (std::int64_t i = 0; i < P * blocks; ++i) {
+    if (resident[std::size_t(i)] == 0) continue;
+    for (std::int32_t off = 0; off < block_size; ++off) {
+      const std::int32_t h = table[std::size_t(i)] * block_size + off;
+      std::copy(e.pools[1].begin() + h * rb, e.pools[1].begin() + (h + 1) * rb,
+                resident_bytes.begin() + (resident[std::size_t(i)] * block_size + off) * rb);
+      cleared.push_back(h);
+    }
+  }
+  const auto resident_cache = device_tensor(*device, *e.compute, resident_bytes, {8, block_size, rb});
+  const auto zeros = device_tensor(*device, *e.compute, std::vector<std::uint8_t>(cleared.size() * std::size_t(rb), 0),
+                                   {std::int64_t(cleared.size()), rb});
+  const auto cleared_t = device_tensor(*device, *e.compute, cleared, {std::int64_t(cleared.size())});
+  g.write_rows(layer, *e.compute, zeros.tensor, cleared_t.tensor);
+  HiSparsePrefillStagingPlan plan = build_hisparse_prefill_staging_plan(*device, *e.compute, table, P, blocks, lengths,
+                                                                       block_size, resident, blocks, 0);
+  BatchMetadata batch;
+  batch.prefill_staging_plan = &plan;
+  const auto dst = bf16_tensor(*device, *e.compute, poison, total);
+  Event* ready = g.gather_fp8_prefill(layer, *e.compute, resident_cache.tensor, dst.tensor, Tensor(), starts_t.tensor, P,
+                                      batch, 0);
+  ASSERT_EQ(ready, &g.cache(layer).prefill_ready());
+  e.compute->wait(*ready);
+  EXPECT_EQ(read_tensor<std::uint16_t>(*device, *e.compute, dst.tensor), want);
+
+  // A slice of the plan's requests: request 1 of the plan alone.
+  const auto one_start = device_tensor(*device, *e.compute, std::vector<std::int32_t>{0}, {1});
+  const auto one_dst = bf16_tensor(*device, *e.compute, std::vector<std::uint16_t>(std::size_t(lengths[1]) * 576, 0xA5A5),
+                                   lengths[1]);
+  e.compute->wait(*g.gather_fp8_prefill(layer, *e.compute, resident_cache.tensor, one_dst.tensor, Tensor(), one_start.tensor,
+                                        1, batch, 1));
+  const auto one = read_tensor<std::uint16_t>(*device, *e.compute, one_dst.tensor);
+  EXPECT_TRUE(std::equal(one.begin(), one.end(), want.begin() + std::ptrdiff_t(starts[1]) * 576));
+  EXPECT_NE(error_of([&] { g.gather_fp8_prefill(layer, *e.compute, Tensor(), dst.tensor, Tensor(), starts_t.tensor, P, batch, 0); })
+                .find("the plan has resident rows"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { g.gather_fp8_prefill(layer, *e.compute, resident_cache.tensor, dst.tensor, Tensor(), starts_t.tensor, 3, batch, 1); })
+                .find("outside the plan's 3 requests"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 # Runs `sparse-mla validate --synthetic ... --json` and checks its JSON: exit
-# 0, ok, the expected number of groups, one conversion per group per decode
+# 0, nothing on stderr, ok, the expected number of groups, one conversion per group per decode
 # step, and no mismatches.
 #   cmake -DCLI=<sparse-mla> -DARGS="validate|--synthetic|...|--json" -DEXPECT_GROUPS=16 -P check_synthetic.cmake
 # ARGS separates arguments with '|' (ctest would split ';').
@@ -8,6 +8,10 @@ execute_process(COMMAND "${CLI}" ${args} RESULT_VARIABLE code OUTPUT_VARIABLE ou
 set(shown "sparse-mla ${ARGS}\n--- exit: ${code}\n--- stdout:\n${out}\n--- stderr:\n${err}")
 if(NOT code STREQUAL "0")
   message(FATAL_ERROR "expected exit code 0\n${shown}")
+endif()
+# Sanitizer reports go to stderr.
+if(NOT err STREQUAL "")
+  message(FATAL_ERROR "expected nothing on stderr\n${shown}")
 endif()
 
 function(field name out_var)

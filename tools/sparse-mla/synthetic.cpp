@@ -421,10 +421,14 @@ void add_synthetic_options(CLI::App& validate, SyntheticOptions& o) {
   validate.add_option_function<std::uint64_t>(
       "--seed", [&o](const std::uint64_t& seed) { o.seed = seed, o.seed_given = true; },
       "Synthetic: random seed (default: a fresh one, reported)");
+  validate.add_flag("--hisparse", o.hisparse, "Synthetic: HiSparse groups (host pools, hot slots on the device)");
+  validate.add_option("--hot-slots", o.hot_slots, "Synthetic, --hisparse: hot slots per request (0 = 2 x top-k)")
+      ->capture_default_str();
 }
 
 int run_synthetic(const std::string& backend, bool json, const SyntheticOptions& options, std::ostream& out) {
   check_options(options);
+  if (options.hisparse) return run_hisparse_synthetic(backend, json, options, out);
   SyntheticRun run(backend, options);
   run.prefill_step();
   for (int step = 1; step <= options.steps; ++step) run.decode_step(step);

@@ -26,6 +26,8 @@ struct SyntheticOptions {
   int steps = 12;      // decode steps after the prefill step
   std::uint64_t seed = 0;
   bool seed_given = false;
+  bool hisparse = false;  // --hisparse: HiSparse groups (synthetic_hisparse.cpp)
+  int hot_slots = 0;      // --hot-slots: H per request, 0 = 2K
 };
 
 // Adds --synthetic and its options to `validate`.
@@ -35,6 +37,12 @@ void add_synthetic_options(CLI::App& validate, SyntheticOptions& options);
 // `out`. Returns exit_ok, or exit_mismatch when any layer's output differs
 // from the reference or a group converted other than once per decode step.
 // Throws sparse_mla::Error for unusable options (exit_unusable).
+// With --hisparse, runs run_hisparse_synthetic instead.
 int run_synthetic(const std::string& backend, bool json, const SyntheticOptions& options, std::ostream& out);
+
+// The schedule through HiSparse groups: every layer's rows and hot caches
+// checked against its host pool and the scalar model; the JSON adds hits,
+// misses and bytes_moved.
+int run_hisparse_synthetic(const std::string& backend, bool json, const SyntheticOptions& options, std::ostream& out);
 
 }  // namespace sparse_mla::cli

@@ -116,6 +116,20 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
                                                                 std::int64_t block_stride_rows,
                                                                 bool return_valid_counts) override;
 
+  // FP8 prefill from the staging plan (batch.prefill_staging_plan): the
+  // host-backed gather-upconvert of SPEC section 3 for plan rows
+  // [request_start, request_start + batch_size), each staged row read from
+  // `source_cache` (the resident device cache, uint8 [blocks, block_size,
+  // 656], where the plan's gpu_row_ids point; undefined when the plan has no
+  // resident rows) or else straight from the layer's host pool. Runs on the
+  // group's prefill stream after everything queued on `compute`; returns the
+  // layer's prefill-ready event (wait on it before prefill attention).
+  // `block_table` is not read: the plan's compact table is used.
+  Event* gather_fp8_prefill(int layer_index, Stream& compute, const Tensor& source_cache, const Tensor& dst,
+                            const Tensor& block_table, const Tensor& workspace_starts, std::int64_t batch_size,
+                            const BatchMetadata& batch, std::int64_t request_start,
+                            Fp8Format format = Fp8Format::e4m3fn) override;
+
   // Host mirror. Rows (uint8 [n, row_bytes] on the device) written in a step
   // become host rows host_row_ids[n] of the layer's pool, on `compute`.
   void write_rows(int layer_index, Stream& compute, const Tensor& rows, const Tensor& host_row_ids);

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds the `cuda` preset against an installed CUDA-enabled Kokkos and
+# checks the build on the GPU: every test, the golden files, the synthetic
+# schedules (plain and HiSparse), then the benchmark. Logs go to OUT_DIR.
+#   bash tools/ci/gpu-check.sh KOKKOS_PREFIX OUT_DIR [bench options...]
+# Environment: DEPS_PREFIX (more CMake prefixes, ';'-separated: GoogleTest,
+# CLI11, nlohmann-json where the machine lacks them), WERROR (ON by default).
+# Used for the H200 runs recorded in docs/PERFORMANCE.md.
+set -uo pipefail
+kokkos=${1:?Kokkos prefix}
+out=${2:?output folder}
+shift 2
+cd "$(dirname "$0")/../.."
+mkdir -p "$out"
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+status=0
+stage() { echo "== $1"; }
+run() {  # run NAME CMD...: log to OUT_DIR/NAME.log, remember failures
+  local name=$1; shift
+  local start=$SECONDS
+  "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc ($((SECONDS - start)) s)"
+  [ $rc -eq 0 ] || { status=1; tail -n 25 "$out/$name.log"; }
+  return 0
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+run configure cmake --preset cuda -DKokkos_ROOT="$kokkos" "-DCMAKE_PREFIX_PATH=$kokkos;${DEPS_PREFIX:-}" \
+  -DSPARSE_MLA_WERROR="${WERROR:-ON}"
+run build cmake --build --preset cuda -j "$(nproc)" -- -k 0
+grep -E "error|warning" "$out/build.log" | head -n 40
+cli=build/cuda/bin/sparse-mla
+run info "$cli" info
+run ctest ctest --preset cuda -j 4 --timeout 300
+grep -E "tests passed|Failed|Skipped" "$out/ctest.log" | tail -n 15
+run golden "$cli" validate --backend cuda --golden tests/data/golden/*.safetensors
+run synthetic "$cli" validate --backend cuda --synthetic --layers 61 --index-every 4 --requests 16 --topk 256 --block-size 64 --steps 12 --json
+run synthetic-hisparse "$cli" validate --backend cuda --synthetic --hisparse --layers 8 --index-every 4 --requests 8 --topk 128 --hot-slots 256 --block-size 64 --context 4096 --steps 40 --json
+run bench "$cli" bench --backend cuda --json "$@"
+cp "$out/bench.log" "$out/bench.json" 2>/dev/null
+exit $status
