@@ -17,7 +17,7 @@ namespace {
 
 std::string golden_path(const std::string& stem) {
   const char* env = std::getenv("SPARSE_MLA_GOLDEN_DIR");
-  const std::string dir = env && *env ? env : "/work/shared/golden";
+  const std::string dir = env && *env ? env : SPARSE_MLA_SOURCE_DIR "/tests/data/golden";
   return dir + "/" + stem + ".safetensors";
 }
 

@@ -4,7 +4,8 @@
 //   tests/data:  env SPARSE_MLA_TEST_DATA_DIR, the compile definition of that
 //                name, SPARSE_MLA_SOURCE_DIR "/tests/data", "tests/data".
 //   golden dir:  env SPARSE_MLA_GOLDEN_DIR, the compile definition of that
-//                name, SPARSE_MLA_SOURCE_DIR "/shared/golden" if it exists,
+//                name, SPARSE_MLA_SOURCE_DIR "/tests/data/golden" or
+//                SPARSE_MLA_SOURCE_DIR "/shared/golden" if it exists,
 //                "/work/shared/golden".
 #include "sparse_mla/safetensors.hpp"
 
@@ -45,6 +46,10 @@ std::string golden_dir() {
   return dir_from("SPARSE_MLA_GOLDEN_DIR", SPARSE_MLA_GOLDEN_DIR);
 #else
 #ifdef SPARSE_MLA_SOURCE_DIR
+  // The project's own copy (tests/data/golden), then a shared checkout's.
+  if (fs::is_directory(SPARSE_MLA_SOURCE_DIR "/tests/data/golden")) {
+    return dir_from("SPARSE_MLA_GOLDEN_DIR", SPARSE_MLA_SOURCE_DIR "/tests/data/golden");
+  }
   if (fs::is_directory(SPARSE_MLA_SOURCE_DIR "/shared/golden")) {
     return dir_from("SPARSE_MLA_GOLDEN_DIR", SPARSE_MLA_SOURCE_DIR "/shared/golden");
   }

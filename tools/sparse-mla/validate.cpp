@@ -127,11 +127,12 @@ void add_validate(CLI::App& app, Commands& commands) {
   validate->add_option("--fp8-format", options->fp8_format, "fp8 encoding of the caches (default: each file's own)")
       ->check(CLI::IsMember({"e4m3fn", "e4m3fnuz"}));
   add_synthetic_options(*validate, options->synthetic);
-  // A raw pointer: `options` owns this source, so a shared_ptr here would be a
-  // cycle (LeakSanitizer); the command's callbacks keep `options` alive.
-  options->sources.push_back([opts = options.get()] {
+  // The options own their sources: a source refers back to them by plain
+  // pointer (a shared_ptr here would be a cycle, never freed).
+  const ValidateOptions* golden = options.get();
+  options->sources.push_back([golden] {
     std::vector<PreparedCase> cases;
-    for (const std::string& path : opts->golden) cases.push_back(prepare_golden(path));
+    for (const std::string& path : golden->golden) cases.push_back(prepare_golden(path));
     return cases;
   });
   validate->callback([options, &commands] { commands.run = [options] { return run_validate(*options); }; });
