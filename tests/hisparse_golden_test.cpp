@@ -17,7 +17,10 @@ namespace {
 
 std::string golden_path(const std::string& stem) {
   const char* env = std::getenv("SPARSE_MLA_GOLDEN_DIR");
-  const std::string dir = env && *env ? env : SPARSE_MLA_SOURCE_DIR "/tests/data/golden";
+  // The variable wins only where it names a folder that exists (a machine
+  // may set it for another checkout); else the project's own copy.
+  const bool usable = env && *env && std::filesystem::is_directory(env);
+  const std::string dir = usable ? env : SPARSE_MLA_SOURCE_DIR "/tests/data/golden";
   return dir + "/" + stem + ".safetensors";
 }
 

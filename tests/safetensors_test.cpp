@@ -37,9 +37,11 @@ using sparse_mla::TensorRecord;
 
 namespace {
 
+// The variable wins only where it names something that exists (a machine may
+// set it for another checkout).
 std::string dir_from(const char* env, const char* fallback) {
   const char* v = std::getenv(env);
-  return (v && *v) ? std::string(v) : std::string(fallback);
+  return (v && *v && fs::exists(v)) ? std::string(v) : std::string(fallback);
 }
 std::string golden_dir() {
 #ifdef SPARSE_MLA_GOLDEN_DIR

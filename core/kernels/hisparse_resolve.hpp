@@ -51,7 +51,7 @@ struct ResolveScratch {
   std::int16_t* order;    // [H]: hit slots forward from 0, evictable slots backward from H-1
   std::uint8_t* hit;      // [H]: slot at LRU position p is a hit
 
-  static std::size_t bytes(std::int32_t top_k, std::int32_t hot_slots) {
+  KOKKOS_INLINE_FUNCTION static std::size_t bytes(std::int32_t top_k, std::int32_t hot_slots) {
     const std::size_t k = static_cast<std::size_t>(top_k), h = static_cast<std::size_t>(hot_slots);
     return 4 * (k + 3 * 2 * k + 2) + 2 * h + h + 16;
   }

@@ -1,5 +1,6 @@
 #include "sparse_mla/hisparse_replay.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <sstream>
@@ -36,7 +37,34 @@ std::int64_t totals_field(const SafetensorsFile& file, const std::string& key) {
   const std::string& totals = file.meta("totals");
   const std::size_t at = totals.find("\"" + key + "\":");
   if (at == std::string::npos) return -1;
-  return std::stoll(totals.substr(at + key.size() + 3));
+  // Untrusted text: digits only (std::stoll would throw its own exceptions).
+  std::size_t i = at + key.size() + 3;
+  while (i < totals.size() && totals[i] == ' ') ++i;
+  std::int64_t value = 0;
+  std::size_t digits = 0;
+  for (; i < totals.size() && totals[i] >= '0' && totals[i] <= '9' && digits < 18; ++i, ++digits) {
+    value = value * 10 + (totals[i] - '0');
+  }
+  if (digits == 0) fail(file.origin(), "metadata totals: '", key, "' is not a small non-negative integer");
+  return value;
+}
+
+// The kernels trust the slot state (SPEC section 5: each LRU row is a
+// permutation of the slots); a file's initial state is checked here.
+void check_lru_rows(const SafetensorsFile& file, const TensorRecord& lru, std::int64_t states, std::int64_t H) {
+  const std::int16_t* order = lru.data<std::int16_t>();
+  std::vector<char> seen(static_cast<std::size_t>(H));
+  for (std::int64_t s = 0; s < states; ++s) {
+    std::fill(seen.begin(), seen.end(), 0);
+    for (std::int64_t p = 0; p < H; ++p) {
+      const std::int16_t slot = order[s * H + p];
+      if (slot < 0 || slot >= H || seen[static_cast<std::size_t>(slot)]) {
+        fail(file.origin(), "initial.lru_slots[", s, ", ", p, "] = ", slot, ": row ", s,
+             " is not a permutation of the ", H, " hot slots");
+      }
+      seen[static_cast<std::size_t>(slot)] = 1;
+    }
+  }
 }
 
 class Replay {
@@ -85,7 +113,9 @@ class Replay {
     source_ = upload(file_.require_rank("source_block_table", DType::i32, 2));
     resident_ = upload(file_.require_rank("resident_block_table", DType::i32, 2));
     slot_rows_ = upload(file_.require("initial.device_global_indices", DType::i32, {states, region}));
-    lru_ = upload(file_.require("initial.lru_slots", DType::i16, {states, H_}));
+    const TensorRecord& lru = file_.require("initial.lru_slots", DType::i16, {states, H_});
+    check_lru_rows(file_, lru, states, H_);
+    lru_ = upload(lru);
     hot_cache_ = upload(file_.require("initial.hot_cache", DType::u8, {blocks, hot_block_size_, row_bytes_}));
     counters_ = upload(TensorRecord::from_values<std::int64_t>("counters", {2}, {0, 0}));
     for (Tensor* t : {&hot_indices_, &attention_, &resolved_, &miss_mask_, &swap_host_, &swap_device_}) {
@@ -212,12 +242,14 @@ class Replay {
 
   Device& device_;
   const SafetensorsFile& file_;
-  std::unique_ptr<Stream> stream_;
   std::vector<Buffer> buffers_;
   std::int64_t K_ = 0, H_ = 0, rows_ = 0, steps_ = 0, host_rows_ = 0, row_bytes_ = 0, hot_block_size_ = 0;
   Tensor host_pool_, source_, resident_, slot_rows_, lru_, hot_cache_, counters_;
   Tensor hot_indices_, attention_, resolved_, miss_mask_, swap_host_, swap_device_, valid_counts_, swap_counts_;
   HiSparseReplay result_;
+  // Declared last, so destroyed first: when a step throws with work still
+  // queued, the stream drains it before the buffers it writes are freed.
+  std::unique_ptr<Stream> stream_;
 };
 
 }  // namespace

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (preset "fuzz": clang, ASan + UBSan) and runs
-# each for a bounded time over a seed corpus: the golden files and the
-# malformed corpus of tests/data/malformed. A crash, a sanitizer report, a
+# each for a bounded time over a seed corpus: the golden files, the
+# malformed corpus of tests/data/malformed and the small seeds of
+# tools/fuzz/seeds. A crash, a sanitizer report, a
 # leak or a timeout fails the script and leaves the input under
 # build/fuzz/artifacts/.
 #   FUZZ_SECONDS=<n>   seconds per target (default 90)
-#   GOLDEN_DIR=<dir>   golden files (default ../shared/golden next to the repository, if present)
+#   GOLDEN_DIR=<dir>   golden files (default tests/data/golden)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${FUZZ_SECONDS:-90}
-golden=${GOLDEN_DIR:-$(cd .. && pwd)/shared/golden}
+golden=${GOLDEN_DIR:-tests/data/golden}
 
 bash tools/ci/deps.sh
 cmake --preset fuzz >/dev/null
@@ -18,7 +19,7 @@ cmake --build --preset fuzz
 work=build/fuzz/run
 rm -rf "$work"
 mkdir -p "$work/seeds" build/fuzz/artifacts
-cp tests/data/malformed/*.safetensors "$work/seeds/"
+cp tests/data/malformed/*.safetensors tools/fuzz/seeds/*.safetensors "$work/seeds/"
 if [ -d "$golden" ]; then
   cp "$golden"/*.safetensors "$work/seeds/"
 else

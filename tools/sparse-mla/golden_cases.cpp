@@ -19,16 +19,19 @@ const std::map<std::string, GoldenHandler>& golden_handlers() {
 }
 
 PreparedCase prepare_golden(const std::string& path) {
-  auto file = std::make_shared<const SafetensorsFile>(SafetensorsFile::read(path));
+  return prepare_golden_file(std::make_shared<const SafetensorsFile>(SafetensorsFile::read(path)));
+}
+
+PreparedCase prepare_golden_file(std::shared_ptr<const SafetensorsFile> file) {
   const std::string& kind = file->meta("kind");
   const auto& handlers = golden_handlers();
   const auto handler = handlers.find(kind);
   if (handler == handlers.end()) {
     std::string known;
     for (const auto& entry : handlers) known += (known.empty() ? "" : ", ") + entry.first;
-    fail(path, "kind '", kind, "' is not one this command validates (known: ", known, ")");
+    fail(file->origin(), "kind '", kind, "' is not one this command validates (known: ", known, ")");
   }
-  return handler->second(file);
+  return handler->second(std::move(file));
 }
 
 std::string MismatchLog::position(const std::vector<std::int64_t>& shape, std::int64_t flat) {

@@ -33,8 +33,10 @@ class DeviceScratch {
  private:
   Tensor keep(Buffer buffer, DType dtype, const std::vector<std::int64_t>& shape);
   Device& device_;
-  std::unique_ptr<Stream> stream_;
   std::vector<Buffer> buffers_;
+  // Declared last, so destroyed first: work still queued when a case throws
+  // drains before the buffers it uses are freed.
+  std::unique_ptr<Stream> stream_;
 };
 
 // Reinterprets downloaded bytes as values.

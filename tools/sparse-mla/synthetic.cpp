@@ -8,6 +8,7 @@
 #include "synthetic.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -18,6 +19,7 @@
 
 #include "commands.hpp"
 #include "reference/topk_reference.hpp"
+#include "synthetic_dump.hpp"
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/error.hpp"
 #include "sparse_mla/index_group.hpp"
@@ -41,6 +43,7 @@ void check_options(const SyntheticOptions& o) {
   at_least("--topk", o.topk, 1);
   at_least("--block-size", o.block_size, 1);
   at_least("--steps", o.steps, 0);
+  if (!o.dump_dir.empty() && o.hisparse) fail(where, "--dump writes topk_convert files; it does not support --hisparse");
   if (o.context <= o.steps) {
     fail(where, "--context must be larger than --steps (each request grows by one token per decode step), got ",
          o.context, " and ", o.steps);
@@ -231,7 +234,14 @@ class SyntheticRun {
  private:
   struct StepInputs;
   StepInputs upload_step(const StepTokens& tokens, Staging& staging);
-  reference::TopkOutputs produce_logical(const StepTokens& tokens, Staging& staging);
+  reference::TopkOutputs produce_logical(const StepTokens& tokens, Staging& staging,
+                                         std::vector<std::int32_t>* keep = nullptr);
+  // --dump: the first group's conversion of the step, after the step's checks.
+  void dump(int step, const StepTokens& tokens, const std::vector<std::int32_t>& logical,
+            const reference::TopkOutputs& want, std::uint64_t mismatches_before);
+
+ public:
+  std::vector<std::string> dumped;  // files written by --dump
   TopkConversion run_layer(std::size_t layer, const StepInputs& in);
   std::uint64_t total(std::uint64_t ConversionCounts::*field) const;
 };
@@ -279,10 +289,38 @@ SyntheticRun::StepInputs SyntheticRun::upload_step(const StepTokens& tokens, Sta
 
 // The leader's indexer: a fresh selection for this group, written on the
 // compute stream. Returns what the group's layers must see.
-reference::TopkOutputs SyntheticRun::produce_logical(const StepTokens& tokens, Staging& staging) {
+reference::TopkOutputs SyntheticRun::produce_logical(const StepTokens& tokens, Staging& staging,
+                                                     std::vector<std::int32_t>* keep) {
   const std::vector<std::int32_t> logical = indexer_topk(tokens, options.topk, rng);
   staging.write(*compute, logical_storage, logical);
+  if (keep != nullptr) *keep = logical;
   return reference_topk(schedule, tokens, logical, options.topk, options.block_size);
+}
+
+void SyntheticRun::dump(int step, const StepTokens& tokens, const std::vector<std::int32_t>& logical,
+                        const reference::TopkOutputs& want, std::uint64_t mismatches_before) {
+  TopkDumpCase c;
+  c.tokens = tokens.size();
+  c.topk = options.topk;
+  c.requests = schedule.requests;
+  c.blocks_per_request = schedule.blocks_per_request;
+  c.num_physical_blocks = schedule.num_physical_blocks;
+  c.block_size = options.block_size;
+  c.req_id = &tokens.req_id;
+  c.block_table = &schedule.block_table;
+  c.logical = &logical;
+  c.physical = &want.physical;
+  c.valid_counts = &want.valid_counts;
+  c.extra_metadata = {{"seed", std::to_string(seed)},
+                      {"step", std::to_string(step)},
+                      {"group", "0"},
+                      {"layers", std::to_string(options.layers)},
+                      {"index_every", std::to_string(options.index_every)},
+                      // the library's differences from the reference in this step, every layer
+                      {"reference_mismatches", std::to_string(tally.mismatches - mismatches_before)}};
+  char name[64];
+  std::snprintf(name, sizeof name, "synthetic_step%02d_%s", step, step == 0 ? "prefill" : "decode");
+  dumped.push_back(write_topk_dump(options.dump_dir, name, c));
 }
 
 TopkConversion SyntheticRun::run_layer(std::size_t layer, const StepInputs& in) {
@@ -311,9 +349,13 @@ void SyntheticRun::prefill_step() {
   Buffer physical = device->allocate(entries * 4, MemoryKind::host);
   Buffer counts = device->allocate(static_cast<std::size_t>(in.num_tokens) * 4, MemoryKind::host);
   const std::uint64_t before = total(&ConversionCounts::prefill) + total(&ConversionCounts::decode);
-  reference::TopkOutputs want;
+  const std::uint64_t mismatches_before = tally.mismatches;
+  const bool dumping = !options.dump_dir.empty();
+  reference::TopkOutputs want, first_want;
+  std::vector<std::int32_t> first_logical;
   for (std::size_t l = 0; l < layers.size(); ++l) {
-    if (layers[l].index_in_group == 0) want = produce_logical(tokens, staging);
+    if (layers[l].index_in_group == 0) want = produce_logical(tokens, staging, dumping && l == 0 ? &first_logical : nullptr);
+    if (dumping && l == 0) first_want = want;
     const TopkConversion result = run_layer(l, in);
     compute->copy_bytes(physical.data(), result.physical.data(), entries * 4);
     compute->copy_bytes(counts.data(), result.valid_counts.data(), counts.bytes());
@@ -321,6 +363,7 @@ void SyntheticRun::prefill_step() {
     tally.compare(0, static_cast<int>(l), physical.as<std::int32_t>(), counts.as<std::int32_t>(), want, options.topk);
   }
   prefill_conversions = total(&ConversionCounts::prefill) + total(&ConversionCounts::decode) - before;
+  if (dumping) dump(0, tokens, first_logical, first_want, mismatches_before);
 }
 
 // Decode-sized: every layer's rows are copied out on the compute stream, as
@@ -335,8 +378,12 @@ void SyntheticRun::decode_step(int step) {
   std::vector<std::uint64_t> before;
   for (const auto& group : builder->groups()) before.push_back(group->conversion_counts().decode);
   std::vector<reference::TopkOutputs> want;
+  const std::uint64_t mismatches_before = tally.mismatches;
+  std::vector<std::int32_t> first_logical;
   for (std::size_t l = 0; l < layers.size(); ++l) {
-    if (layers[l].index_in_group == 0) want.push_back(produce_logical(tokens, staging));
+    if (layers[l].index_in_group == 0) {
+      want.push_back(produce_logical(tokens, staging, !options.dump_dir.empty() && l == 0 ? &first_logical : nullptr));
+    }
     const TopkConversion result = run_layer(l, in);  // views of the group workspace
     compute->copy_bytes(physical.as<std::int32_t>() + l * entries, result.physical.data(), entries * 4);
     compute->copy_bytes(counts.as<std::int32_t>() + l * static_cast<std::size_t>(in.num_tokens),
@@ -359,6 +406,7 @@ void SyntheticRun::decode_step(int step) {
     decode_conversions += converted;
     once_per_group = once_per_group && converted == 1;
   }
+  if (!options.dump_dir.empty()) dump(step, tokens, first_logical, want.front(), mismatches_before);
 }
 
 std::string mismatch_text(const Mismatch& m) {
@@ -380,7 +428,7 @@ void write_json(std::ostream& out, const std::string& backend, const SyntheticRu
       << ", \"prefill_conversions\": " << run.prefill_conversions << ", \"decode_steps\": " << o.steps
       << ", \"decode_conversions\": " << run.decode_conversions
       << ", \"expected_decode_conversions\": " << groups * static_cast<std::uint64_t>(o.steps)
-      << ", \"checked_layer_results\": " << run.tally.checked_results << ", \"mismatches\": " << run.tally.mismatches
+      << ", \"dumped_files\": " << run.dumped.size() << ", \"checked_layer_results\": " << run.tally.checked_results << ", \"mismatches\": " << run.tally.mismatches
       << ", \"first_mismatches\": [";
   for (std::size_t i = 0; i < run.tally.first.size(); ++i) {
     const Mismatch& m = run.tally.first[i];
@@ -401,13 +449,17 @@ void write_text(std::ostream& out, const std::string& backend, const SyntheticRu
       << groups * static_cast<std::uint64_t>(o.steps) << ": once per group per step)\n"
       << "  checked " << run.tally.checked_results << " layer results, " << run.tally.mismatches << " mismatches\n";
   for (const Mismatch& m : run.tally.first) out << "  mismatch: " << mismatch_text(m) << "\n";
+  if (!run.dumped.empty()) {
+    out << "  dumped " << run.dumped.size() << " topk_convert files to " << o.dump_dir
+        << " (check them with: sparse-mla validate --golden " << o.dump_dir << "/*.safetensors)\n";
+  }
   out << (ok ? "ok" : "FAILED") << "\n";
 }
 
 }  // namespace
 
 void add_synthetic_options(CLI::App& validate, SyntheticOptions& o) {
-  validate.add_flag("--synthetic", o.enabled,
+  CLI::Option* synthetic = validate.add_flag("--synthetic", o.enabled,
                     "Run a DeepSeek-V3.2-shaped schedule through the index groups, checking every layer");
   validate.add_option("--layers", o.layers, "Synthetic: attention layers")->capture_default_str();
   validate.add_option("--index-every", o.index_every, "Synthetic: an index-producing layer every N layers")
@@ -421,9 +473,15 @@ void add_synthetic_options(CLI::App& validate, SyntheticOptions& o) {
   validate.add_option_function<std::uint64_t>(
       "--seed", [&o](const std::uint64_t& seed) { o.seed = seed, o.seed_given = true; },
       "Synthetic: random seed (default: a fresh one, reported)");
-  validate.add_flag("--hisparse", o.hisparse, "Synthetic: HiSparse groups (host pools, hot slots on the device)");
+  CLI::Option* hisparse =
+      validate.add_flag("--hisparse", o.hisparse, "Synthetic: HiSparse groups (host pools, hot slots on the device)")
+          ->needs(synthetic);
   validate.add_option("--hot-slots", o.hot_slots, "Synthetic, --hisparse: hot slots per request (0 = 2 x top-k)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(hisparse);
+  validate.add_option("--dump", o.dump_dir,
+                      "Synthetic: write the first index group's conversion of every step to DIR as topk_convert "
+                      "golden files (read them back with --golden)");
 }
 
 int run_synthetic(const std::string& backend, bool json, const SyntheticOptions& options, std::ostream& out) {

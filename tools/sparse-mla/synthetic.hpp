@@ -28,6 +28,7 @@ struct SyntheticOptions {
   bool seed_given = false;
   bool hisparse = false;  // --hisparse: HiSparse groups (synthetic_hisparse.cpp)
   int hot_slots = 0;      // --hot-slots: H per request, 0 = 2K
+  std::string dump_dir;   // --dump: the first group's conversion of every step as golden files (synthetic_dump.hpp)
 };
 
 // Adds --synthetic and its options to `validate`.

@@ -89,6 +89,9 @@ std::optional<Fp8Format> chosen_format(const ValidateOptions& o) {
 }
 
 int run_validate(const ValidateOptions& o) {
+  if (!o.synthetic.dump_dir.empty() && !o.synthetic.enabled) {
+    fail("validate", "--dump writes the synthetic schedule's cases; it needs --synthetic");
+  }
   const std::vector<PreparedCase> prepared = prepare_all(o);
   if (prepared.empty() && !o.synthetic.enabled) {
     fail("validate", "nothing to validate: give --golden FILE... or --synthetic");

@@ -52,6 +52,8 @@ using GoldenHandler = PreparedCase (*)(std::shared_ptr<const SafetensorsFile> fi
 const std::map<std::string, GoldenHandler>& golden_handlers();
 // Reads a file and prepares it through its kind's handler.
 PreparedCase prepare_golden(const std::string& path);
+// The dispatch alone, on a file already read (the fuzzer's entry point).
+PreparedCase prepare_golden_file(std::shared_ptr<const SafetensorsFile> file);
 
 // Counts compared values and keeps the first few differences.
 class MismatchLog {
