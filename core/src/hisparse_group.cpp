@@ -44,6 +44,43 @@ Tensor device_copy(Device& device, Stream& stream, std::vector<Buffer>& owned, c
   return Tensor::of(owned.back(), dtype_of<T>::value, shape);
 }
 
+struct ResolveCall {
+  HiSparseResolveInputs in;
+  HiSparseResolveOutputs out;
+};
+
+// The resolve's arguments for batch rows [0, T).
+ResolveCall resolve_call(const HiSparseMLAIndexGroup& g, const Tensor& logical, const BatchMetadata& batch,
+                                const Tensor& hot_indices, const Tensor& miss_mask, const Tensor& swap_host,
+                                const Tensor& swap_device, const Tensor& swap_counts, const Tensor& counters,
+                                bool return_valid_counts) {
+  const std::int64_t T = logical.dim(0);
+  const HiSparseConfig& c = g.config();
+  ResolveCall call;
+  call.in.logical = logical;
+  call.in.request_ids = batch.req_id_per_token;
+  call.in.request_state_indices = batch.hisparse->request_state_indices;
+  call.in.source_block_table = batch.block_table;
+  call.in.source_block_size = batch.block_size;
+  call.in.host_rows = c.host_pool_rows;
+  call.in.resident_block_table = batch.hisparse->resident_block_table;
+  call.in.resident_block_size = batch.block_size;
+  call.in.resident_null_block = batch.hisparse->resident_null_block;
+  call.in.hot_table_by_state = !batch.hisparse->hot_block_table.defined();
+  call.in.hot_block_table = call.in.hot_table_by_state ? g.hot_block_table() : batch.hisparse->hot_block_table;
+  call.in.hot_block_size = c.block_size;
+  call.in.attention_block_stride = c.attention_block_stride;
+  call.out.hot_indices = hot_indices.rows(0, T);
+  call.out.attention_indices = g.physical_workspace().rows(0, T);
+  call.out.miss_mask = miss_mask.rows(0, T);
+  call.out.swap_host_rows = swap_host.rows(0, T);
+  call.out.swap_device_rows = swap_device.rows(0, T);
+  if (return_valid_counts) call.out.valid_counts = g.valid_counts_workspace().rows(0, T);
+  call.out.swap_counts = swap_counts.rows(0, T);
+  call.out.hit_miss_counters = counters;
+  return call;
+}
+
 }  // namespace
 
 HiSparseMLAIndexGroup::HiSparseMLAIndexGroup(std::shared_ptr<Device> device, const Tensor& logical_topk_buffer,
@@ -126,14 +163,6 @@ TopkConversion HiSparseMLAIndexGroup::convert_logical_to_physical_topk(int layer
                       batch.block_size, block_stride_rows, return_valid_counts);
 }
 
-namespace {
-
-struct ResolveCall {
-  HiSparseResolveInputs in;
-  HiSparseResolveOutputs out;
-};
-
-}  // namespace
 
 TopkConversion HiSparseMLAIndexGroup::convert_decode(int layer_index, Stream& compute, const Tensor& logical_topk,
                                                      const BatchMetadata& batch, bool return_valid_counts) {
@@ -147,37 +176,6 @@ TopkConversion HiSparseMLAIndexGroup::convert_decode(int layer_index, Stream& co
   return result;
 }
 
-// The resolve's arguments for batch rows [0, T).
-static ResolveCall resolve_call(const HiSparseMLAIndexGroup& g, const Tensor& logical, const BatchMetadata& batch,
-                                const Tensor& hot_indices, const Tensor& miss_mask, const Tensor& swap_host,
-                                const Tensor& swap_device, const Tensor& swap_counts, const Tensor& counters,
-                                bool return_valid_counts) {
-  const std::int64_t T = logical.dim(0);
-  const HiSparseConfig& c = g.config();
-  ResolveCall call;
-  call.in.logical = logical;
-  call.in.request_ids = batch.req_id_per_token;
-  call.in.request_state_indices = batch.hisparse->request_state_indices;
-  call.in.source_block_table = batch.block_table;
-  call.in.source_block_size = batch.block_size;
-  call.in.host_rows = c.host_pool_rows;
-  call.in.resident_block_table = batch.hisparse->resident_block_table;
-  call.in.resident_block_size = batch.block_size;
-  call.in.resident_null_block = batch.hisparse->resident_null_block;
-  call.in.hot_table_by_state = !batch.hisparse->hot_block_table.defined();
-  call.in.hot_block_table = call.in.hot_table_by_state ? g.hot_block_table() : batch.hisparse->hot_block_table;
-  call.in.hot_block_size = c.block_size;
-  call.in.attention_block_stride = c.attention_block_stride;
-  call.out.hot_indices = hot_indices.rows(0, T);
-  call.out.attention_indices = g.physical_workspace().rows(0, T);
-  call.out.miss_mask = miss_mask.rows(0, T);
-  call.out.swap_host_rows = swap_host.rows(0, T);
-  call.out.swap_device_rows = swap_device.rows(0, T);
-  if (return_valid_counts) call.out.valid_counts = g.valid_counts_workspace().rows(0, T);
-  call.out.swap_counts = swap_counts.rows(0, T);
-  call.out.hit_miss_counters = counters;
-  return call;
-}
 
 // Everything that can reject, before anything is queued.
 void HiSparseMLAIndexGroup::check_decode(int layer_index, const Tensor& logical_topk, const BatchMetadata& batch,

@@ -459,7 +459,7 @@ void write_text(std::ostream& out, const std::string& backend, const SyntheticRu
 }  // namespace
 
 void add_synthetic_options(CLI::App& validate, SyntheticOptions& o) {
-  validate.add_flag("--synthetic", o.enabled,
+  CLI::Option* synthetic = validate.add_flag("--synthetic", o.enabled,
                     "Run a DeepSeek-V3.2-shaped schedule through the index groups, checking every layer");
   validate.add_option("--layers", o.layers, "Synthetic: attention layers")->capture_default_str();
   validate.add_option("--index-every", o.index_every, "Synthetic: an index-producing layer every N layers")
@@ -473,9 +473,12 @@ void add_synthetic_options(CLI::App& validate, SyntheticOptions& o) {
   validate.add_option_function<std::uint64_t>(
       "--seed", [&o](const std::uint64_t& seed) { o.seed = seed, o.seed_given = true; },
       "Synthetic: random seed (default: a fresh one, reported)");
-  validate.add_flag("--hisparse", o.hisparse, "Synthetic: HiSparse groups (host pools, hot slots on the device)");
+  CLI::Option* hisparse =
+      validate.add_flag("--hisparse", o.hisparse, "Synthetic: HiSparse groups (host pools, hot slots on the device)")
+          ->needs(synthetic);
   validate.add_option("--hot-slots", o.hot_slots, "Synthetic, --hisparse: hot slots per request (0 = 2 x top-k)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(hisparse);
   validate.add_option("--dump", o.dump_dir,
                       "Synthetic: write the first index group's conversion of every step to DIR as topk_convert "
                       "golden files (read them back with --golden)");

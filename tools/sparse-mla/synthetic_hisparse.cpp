@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.hpp"
 #include "reference/hisparse_reference.hpp"
 #include "sparse_mla/error.hpp"
@@ -457,19 +459,34 @@ void HiSparseRun::write_json(std::ostream& out, const std::string& backend, bool
     footprint.device_bytes += g->footprint().device_bytes;
     resolves += g->resolves();
   }
-  out << "{\"ok\": " << (ok ? "true" : "false") << ", \"backend\": \"" << backend << "\", \"hisparse\": true"
-      << ", \"layers\": " << o.layers << ", \"index_every\": " << o.index_every << ", \"groups\": " << groups.size()
-      << ", \"requests\": " << o.requests << ", \"topk\": " << o.topk << ", \"hot_slots\": " << tables.hot_slots
-      << ", \"block_size\": " << o.block_size << ", \"context\": " << o.context << ", \"seed\": " << seed
-      << ", \"prefill_tokens\": " << prefill_tokens << ", \"staged_rows\": " << staged_rows
-      << ", \"decode_steps\": " << o.steps << ", \"decode_conversions\": " << resolves
-      << ", \"expected_decode_conversions\": " << groups.size() * std::uint64_t(o.steps)
-      << ", \"checked_layer_results\": " << tally.checked_results << ", \"checked_rows\": " << tally.checked_rows
-      << ", \"mismatches\": " << tally.mismatches << ", \"hits\": " << total.hits << ", \"misses\": " << total.misses
-      << ", \"bytes_moved\": " << total.bytes_moved << ", \"host_bytes\": " << footprint.host_bytes
-      << ", \"device_bytes\": " << footprint.device_bytes << ", \"first_mismatches\": [";
-  for (std::size_t i = 0; i < tally.first.size(); ++i) out << (i ? ", " : "") << "\"" << tally.first[i] << "\"";
-  out << "]}\n";
+  nlohmann::ordered_json doc;
+  doc["ok"] = ok;
+  doc["backend"] = backend;
+  doc["hisparse"] = true;
+  doc["layers"] = o.layers;
+  doc["index_every"] = o.index_every;
+  doc["groups"] = groups.size();
+  doc["requests"] = o.requests;
+  doc["topk"] = o.topk;
+  doc["hot_slots"] = tables.hot_slots;
+  doc["block_size"] = o.block_size;
+  doc["context"] = o.context;
+  doc["seed"] = seed;
+  doc["prefill_tokens"] = prefill_tokens;
+  doc["staged_rows"] = staged_rows;
+  doc["decode_steps"] = o.steps;
+  doc["decode_conversions"] = resolves;  // one resolve per group per decode step
+  doc["expected_decode_conversions"] = groups.size() * std::uint64_t(o.steps);
+  doc["checked_layer_results"] = tally.checked_results;
+  doc["checked_rows"] = tally.checked_rows;
+  doc["mismatches"] = tally.mismatches;
+  doc["hits"] = total.hits;
+  doc["misses"] = total.misses;
+  doc["bytes_moved"] = total.bytes_moved;
+  doc["host_bytes"] = footprint.host_bytes;
+  doc["device_bytes"] = footprint.device_bytes;
+  doc["first_mismatches"] = tally.first;
+  out << doc.dump() << "\n";
 }
 
 void HiSparseRun::write_text(std::ostream& out, const std::string& backend, bool ok) {
