@@ -306,9 +306,11 @@ TEST_P(TopkConvertTest, PlainHostMemoryIsUsableOnlyWhereKernelsReachIt) {
   DeviceTensor host_logical = device_tensor(*device, *stream, in.logical, {s.T, s.K}, MemoryKind::host);
   DeviceTensor out = poisoned({s.T, s.K});
   if (device->kernel_accessible(MemoryKind::host)) {
-    convert_logical_to_physical_topk(*stream, d.req_id.tensor, d.block_table.tensor, host_logical.tensor, d.params,
-                                     out.tensor);
+    // The result owns the library-allocated counts: keep it until the stream has run.
+    const auto got = convert_logical_to_physical_topk(*stream, d.req_id.tensor, d.block_table.tensor,
+                                                      host_logical.tensor, d.params, out.tensor);
     EXPECT_EQ(fetch(out.tensor), reference::convert_topk(in).physical);
+    EXPECT_EQ(fetch(got.valid_counts), reference::convert_topk(in).valid_counts);
   } else {
     EXPECT_THROW(convert_logical_to_physical_topk(*stream, d.req_id.tensor, d.block_table.tensor,
                                                   host_logical.tensor, d.params, out.tensor),

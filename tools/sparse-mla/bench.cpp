@@ -100,7 +100,8 @@ TimingPlan plan_for(const BenchCase& c, const Settings& s) {
   const std::size_t set = std::max<std::size_t>(c.set_bytes(), 1);
   const std::size_t room = s.run.memory_budget > c.fixed_bytes() ? s.run.memory_budget - c.fixed_bytes() : 0;
   std::size_t sets = (s.run.rotate_bytes + set - 1) / set;
-  sets = std::min<std::size_t>({sets, static_cast<std::size_t>(max_sets), std::max<std::size_t>(room / set, 1)});
+  sets = std::min<std::size_t>({sets, static_cast<std::size_t>(std::min(max_sets, c.max_sets())),
+                                std::max<std::size_t>(room / set, 1)});
   TimingPlan plan;
   plan.sets = std::max(static_cast<int>(sets), c.min_sets());
   plan.launches = plan.sets * ((s.min_launches + plan.sets - 1) / plan.sets);

@@ -48,6 +48,10 @@ class BenchCase {
 
   // Rotation sets the case needs at least (a designed hit-rate cycle).
   virtual int min_sets() const { return 1; }
+  // Rotation sets the case can take at most: a case whose launch queues many
+  // graph nodes (a fork and join per layer) keeps its graph small enough to
+  // capture and instantiate in seconds.
+  virtual int max_sets() const { return 16384; }
   // Memory the case holds however many sets it has (state, tables, caches).
   virtual std::size_t fixed_bytes() const { return 0; }
   // Around the timed replays (after the warm-up): a case that carries state

@@ -31,6 +31,10 @@ class GroupStepCase final : public BenchCase {
   }
   // The group's workspace is one; the rotation moves the indexer's output.
   std::size_t set_bytes() const override { return in_.logical_bytes(); }
+  // Each launch is about 5 graph nodes per layer across two streams; 16384
+  // sets made a graph that took minutes to capture. 64 sets keep T=256's
+  // inputs (128 MiB) past the L2; T=1's (512 KiB) stay in it.
+  int max_sets() const override { return 64; }
 
   void setup(Device& device, Stream& stream, int sets) override {
     const std::int64_t T = in_.tokens;
