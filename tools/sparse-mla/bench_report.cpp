@@ -38,7 +38,8 @@ void print_table(std::ostream& out, const RunInfo& run, const std::vector<CaseRe
   out << "sparse-mla bench on " << run.device.backend << ": " << run.device.name << " (" << run.device.architecture
       << "), Kokkos " << run.kokkos << " " << run.execution_space << (run.quick ? ", --quick" : "") << "\n";
   out << "per-launch median over timed replays; each case rotates through >= " << mib(run.rotate_bytes)
-      << " of inputs (memory cap " << mib(run.memory_budget) << "); GB/s counts bytes read + written\n\n";
+      << " of inputs (memory cap " << mib(run.memory_budget) << "); GB/s counts bytes read + written\n"
+      << "(cases against the pinned ceiling read their half over the host link: link rate = bytes read / time)\n\n";
   out << std::left << std::setw(25) << "case" << std::setw(34) << "shape" << std::right << std::setw(6) << "sets"
       << std::setw(8) << "method" << std::setw(12) << "median us" << std::setw(12) << "min us" << std::setw(10)
       << "GB/s" << std::setw(9) << "ceiling" << "  check\n";
@@ -93,6 +94,7 @@ void print_json(std::ostream& out, const RunInfo& run, const std::vector<CaseRes
       c["max_us"] = r.timing.max_us;
       c["per_launch_us"] = r.timing.per_launch_us;
       c["gbps"] = r.gbps();
+      c["read_gbps"] = static_cast<double>(r.traffic.read) / (r.timing.median_us * 1e3);
       c["ratio_to_ceiling"] = ceiling > 0 ? r.gbps() / ceiling : 0.0;
     }
     cases.push_back(std::move(c));
