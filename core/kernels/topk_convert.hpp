@@ -86,12 +86,13 @@ void convert_topk(const Space& space, const TopkConvertArgs& a) {
   if (a.num_tokens == 0) return;
   const bool vector4 = a.num_topk % 4 == 0 && aligned16(a.logical) && aligned16(a.physical) &&
                        a.logical_stride % 4 == 0 && a.physical_stride % 4 == 0;
-  // One 16-byte unit per thread where the row allows (K=2048: 512 threads):
-  // every load of the row is in flight at once instead of queued behind the
-  // previous unit's dependent block-table read. Measured on the H200: 256
-  // threads (two units each) moved 2.1 TB/s at T=32768.
+  // Team size, measured on the H200 (K=2048, graph replays, rotated inputs):
+  // 512 threads (one 16-byte unit each) were best for a handful of rows
+  // (T=1: 4.6 us against 5.2 us), 256 threads (two units each) for many
+  // (T=1024: 12.0 us against 17.3 us; T=32768: 2.10 TB/s against 1.24 TB/s).
   const std::int64_t units = vector4 ? a.num_topk / 4 : a.num_topk;
-  const int team = row_team_size<Space>(static_cast<int>(units >= 512 ? 512 : (units + 31) / 32 * 32));
+  const int wide = a.num_tokens < 64 && units >= 512 ? 512 : 256;
+  const int team = row_team_size<Space>(static_cast<int>(units >= wide ? wide : (units + 31) / 32 * 32));
   Kokkos::parallel_for("sparse_mla::convert_topk",
                        Kokkos::TeamPolicy<Space>(space, static_cast<int>(a.num_tokens), team),
                        TopkConvert<Space>{a, vector4});
