@@ -19,6 +19,16 @@ cmake --workflow --preset host-asan
 step "host-tsan: host-stream tests under ThreadSanitizer"
 cmake --workflow --preset host-tsan
 
+step "ci-hip: the HIP native layer (Debian's libamdhip64 5.2, no AMD GPU: its tests skip with the runtime's reason)"
+cmake --workflow --preset ci-hip
+
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  step "ci-cuda: the CUDA native layer against the CUDA toolkit (no GPU: its tests skip with the runtime's reason)"
+  cmake --workflow --preset ci-cuda
+else
+  step "ci-cuda: skipped: no CUDA toolkit on this machine (nvcc not on PATH, no /usr/local/cuda)"
+fi
+
 step "fuzz: libFuzzer over the safetensors reader and the golden dispatch (${FUZZ_SECONDS:-60}s per target)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-60} bash tools/ci/fuzz.sh
 
