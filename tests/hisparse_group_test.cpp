@@ -29,14 +29,6 @@ namespace {
 class HiSparseGroupTest : public BackendTest {};
 SPARSE_MLA_INSTANTIATE_BACKENDS(HiSparseGroupTest);
 
-class DelayScope {
- public:
-  explicit DelayScope(std::uint32_t us) : saved_(host::debug_delay_us()) { host::set_debug_delay_us(us); }
-  ~DelayScope() { host::set_debug_delay_us(saved_); }
-
- private:
-  std::uint32_t saved_;
-};
 
 // A device tensor of bf16 values (bit patterns).
 DeviceTensor bf16_tensor(Device& device, Stream& stream, const std::vector<std::uint16_t>& bits, std::int64_t rows) {

@@ -30,14 +30,6 @@ namespace {
 class IndexGroupTest : public BackendTest {};
 SPARSE_MLA_INSTANTIATE_BACKENDS(IndexGroupTest);
 
-class DelayScope {
- public:
-  explicit DelayScope(std::uint32_t us) : saved_(host::debug_delay_us()) { host::set_debug_delay_us(us); }
-  ~DelayScope() { host::set_debug_delay_us(saved_); }
-
- private:
-  std::uint32_t saved_;
-};
 
 // The engine's side of a model: the logical top-k buffer the indexers write,
 // the builder, and where each layer landed.

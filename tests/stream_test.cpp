@@ -20,15 +20,6 @@ namespace {
 class StreamTest : public BackendTest {};
 SPARSE_MLA_INSTANTIATE_BACKENDS(StreamTest);
 
-// Holds the host backend's debug delay for one test.
-class DelayScope {
- public:
-  explicit DelayScope(std::uint32_t us) : saved_(host::debug_delay_us()) { host::set_debug_delay_us(us); }
-  ~DelayScope() { host::set_debug_delay_us(saved_); }
-
- private:
-  std::uint32_t saved_;
-};
 
 std::vector<std::int32_t> iota(std::size_t n, std::int32_t start) {
   std::vector<std::int32_t> v(n);

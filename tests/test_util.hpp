@@ -9,9 +9,23 @@
 #include <vector>
 
 #include "sparse_mla/device.hpp"
+#include "sparse_mla/host_debug.hpp"
 #include "sparse_mla/tensor.hpp"
 
 namespace sparse_mla::testing {
+
+// Holds the host backend's debug delay (SPARSE_MLA_HOST_DELAY_US) for one
+// test: every host-stream task sleeps up to `us` microseconds first.
+class DelayScope {
+ public:
+  explicit DelayScope(std::uint32_t us) : saved_(host::debug_delay_us()) { host::set_debug_delay_us(us); }
+  ~DelayScope() { host::set_debug_delay_us(saved_); }
+  DelayScope(const DelayScope&) = delete;
+  DelayScope& operator=(const DelayScope&) = delete;
+
+ private:
+  std::uint32_t saved_;
+};
 
 // The fill that marks "never written by the kernel" in outputs.
 constexpr std::int32_t poison_i32 = -123456789;
