@@ -18,19 +18,6 @@ namespace {
 constexpr std::int32_t poison_output = -9;
 constexpr std::int32_t poison_swap = -2;
 
-std::string index_string(std::int64_t flat, const std::vector<std::int64_t>& shape) {
-  std::vector<std::int64_t> index(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    index[d] = shape[d] ? flat % shape[d] : 0;
-    flat = shape[d] ? flat / shape[d] : 0;
-  }
-  std::ostringstream out;
-  out << '[';
-  for (std::size_t d = 0; d < index.size(); ++d) out << (d ? ", " : "") << index[d];
-  out << ']';
-  return out.str();
-}
-
 // A small integer field of the "totals" metadata ({"hits": 478, ...}), or -1.
 std::int64_t totals_field(const SafetensorsFile& file, const std::string& key) {
   if (!file.has_meta("totals")) return -1;
@@ -191,7 +178,7 @@ class Replay {
       ++check.compared;
       if (got[static_cast<std::size_t>(i)] == want[i]) continue;
       if (check.mismatches++ == 0) {
-        check.first_mismatch = detail::concat(index_string(i, want_record.shape), ": got ", +got[static_cast<std::size_t>(i)],
+        check.first_mismatch = detail::concat(index_string(want_record.shape, i), ": got ", +got[static_cast<std::size_t>(i)],
                                               ", expected ", +want[i]);
       }
     }

@@ -84,6 +84,19 @@ std::string Tensor::shape_string() const {
   return out.str();
 }
 
+std::string index_string(const std::vector<std::int64_t>& shape, std::int64_t flat) {
+  std::vector<std::int64_t> index(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    index[d] = shape[d] ? flat % shape[d] : 0;
+    flat = shape[d] ? flat / shape[d] : 0;
+  }
+  std::ostringstream out;
+  out << '[';
+  for (std::size_t d = 0; d < index.size(); ++d) out << (d ? ", " : "") << index[d];
+  out << ']';
+  return out.str();
+}
+
 TensorCheck::TensorCheck(std::string where, std::string name, const Tensor& tensor)
     : where_(std::move(where)), name_(std::move(name)), tensor_(tensor) {}
 

@@ -35,16 +35,7 @@ PreparedCase prepare_golden_file(std::shared_ptr<const SafetensorsFile> file) {
 }
 
 std::string MismatchLog::position(const std::vector<std::int64_t>& shape, std::int64_t flat) {
-  std::vector<std::int64_t> index(shape.size());
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    index[d] = shape[d] ? flat % shape[d] : 0;
-    flat = shape[d] ? flat / shape[d] : 0;
-  }
-  std::ostringstream out;
-  out << '[';
-  for (std::size_t d = 0; d < index.size(); ++d) out << (d ? ", " : "") << index[d];
-  out << ']';
-  return out.str();
+  return index_string(shape, flat);
 }
 
 // ---- DeviceScratch ----

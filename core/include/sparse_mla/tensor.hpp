@@ -88,6 +88,10 @@ class TensorCheck {
   const Tensor& tensor_;
 };
 
+// The position of row-major element `flat` in `shape`, as "[i, j, k]": how
+// mismatch reports name an element.
+std::string index_string(const std::vector<std::int64_t>& shape, std::int64_t flat);
+
 inline TensorCheck check(std::string where, std::string name, const Tensor& tensor) {
   return TensorCheck(std::move(where), std::move(name), tensor);
 }
