@@ -37,17 +37,6 @@ DeviceTensor bf16_tensor(Device& device, Stream& stream, const std::vector<std::
   return t;
 }
 
-template <class T>
-std::vector<T> read_tensor(Device& device, Stream& stream, const Tensor& t) {
-  const std::size_t bytes = static_cast<std::size_t>(t.numel()) * sizeof(T);
-  Buffer staging = device.allocate(bytes, MemoryKind::host);
-  if (bytes) stream.copy_bytes(staging.data(), t.data(), bytes);
-  stream.synchronize();
-  std::vector<T> out(static_cast<std::size_t>(t.numel()));
-  if (bytes) std::memcpy(out.data(), staging.data(), bytes);
-  return out;
-}
-
 constexpr std::int32_t K = 64, H = 128, requests = 4, blocks = 16, block_size = 16;
 
 HiSparseConfig small_config() {
@@ -257,11 +246,11 @@ TEST_P(HiSparseGroupTest, MultiLayerGroupsResolveOnceAndEveryLayerGetsItsOwnRows
       g.set_logical_topk_ready(index, *e.compute);
       g.prepare_for_batch(index, batch, *e.compute);
       const TopkConversion conv = g.convert_logical_to_physical_topk(index, *e.compute, logical, batch, 0, true);
-      EXPECT_EQ(read_tensor<std::int32_t>(*device, *e.compute, conv.physical), want[gi].attention_indices) << "layer " << l;
-      EXPECT_EQ(read_tensor<std::int32_t>(*device, *e.compute, conv.valid_counts), want[gi].valid_counts) << "layer " << l;
+      EXPECT_EQ(download_rows<std::int32_t>(*device, *e.compute, conv.physical), want[gi].attention_indices) << "layer " << l;
+      EXPECT_EQ(download_rows<std::int32_t>(*device, *e.compute, conv.valid_counts), want[gi].valid_counts) << "layer " << l;
       // This layer's hot cache: every occupied slot holds this layer's host row.
       const HiSparseCacheHandle& cache = g.cache(index);
-      const auto hot = read_tensor<std::uint8_t>(*device, *e.compute, cache.attention_cache());
+      const auto hot = download_rows<std::uint8_t>(*device, *e.compute, cache.attention_cache());
       const std::size_t rb = std::size_t(cache.row_bytes());
       for (std::int32_t st = 0; st < requests; ++st) {
         for (std::int32_t slot = 0; slot < H; ++slot) {
@@ -276,8 +265,8 @@ TEST_P(HiSparseGroupTest, MultiLayerGroupsResolveOnceAndEveryLayerGetsItsOwnRows
     }
     for (std::size_t gi = 0; gi < 2; ++gi) {
       HiSparseMLAIndexGroup& g = e.group(gi == 0 ? 0 : 3);
-      EXPECT_EQ(read_tensor<std::int32_t>(*device, *e.compute, g.slot_rows()), states[gi].slot_rows);
-      EXPECT_EQ(read_tensor<std::int16_t>(*device, *e.compute, g.lru()), states[gi].lru);
+      EXPECT_EQ(download_rows<std::int32_t>(*device, *e.compute, g.slot_rows()), states[gi].slot_rows);
+      EXPECT_EQ(download_rows<std::int16_t>(*device, *e.compute, g.lru()), states[gi].lru);
     }
     hits += want[0].hits;
     misses += want[0].misses;
@@ -362,7 +351,7 @@ TEST_P(HiSparseGroupTest, PrefillStagingPlanAndStagedRows) {
   }
   EXPECT_EQ(compact_ids.size(), std::size_t(plan.num_blocks - 1));
   for (std::int32_t off = 0; off < block_size; ++off) EXPECT_EQ(plan.host_row_ids[std::size_t(off)], -1) << "null block";
-  EXPECT_EQ(read_tensor<std::int32_t>(*device, *e.compute, plan.block_table), plan.host_block_table);
+  EXPECT_EQ(download_rows<std::int32_t>(*device, *e.compute, plan.block_table), plan.host_block_table);
   const std::int32_t c_res = plan.host_block_table[1];
   EXPECT_EQ(plan.host_gpu_row_ids[std::size_t(c_res * block_size + 7)], 3 * block_size + 7);
 
@@ -371,7 +360,7 @@ TEST_P(HiSparseGroupTest, PrefillStagingPlanAndStagedRows) {
   for (auto& b : resident_bytes) b = static_cast<std::uint8_t>(rng());
   const auto resident_cache = device_tensor(*device, *e.compute, resident_bytes, {8, block_size, rb});
   const auto staged = g.stage_prefill_rows(1, *e.compute, plan, resident_cache.tensor);
-  const auto got = read_tensor<std::uint8_t>(*device, *e.compute, staged.cache);
+  const auto got = download_rows<std::uint8_t>(*device, *e.compute, staged.cache);
   for (std::size_t row = 0; row < plan.host_row_ids.size(); ++row) {
     const std::int32_t x = plan.host_gpu_row_ids[row], h = plan.host_row_ids[row];
     std::vector<std::uint8_t> want(std::size_t(rb), 0);
@@ -414,7 +403,7 @@ TEST_P(HiSparseGroupTest, Fp8PrefillFromResidentAndHostRowsMatchesThePlainKernel
   const std::vector<std::uint16_t> poison(std::size_t(total) * 576, 0xA5A5);
   const auto plain_dst = bf16_tensor(*device, *e.compute, poison, total);
   gather_upconvert_fp8(*e.compute, paged.tensor, plain_dst.tensor, table_t.tensor, starts_t.tensor, P);
-  const auto want = read_tensor<std::uint16_t>(*device, *e.compute, plain_dst.tensor);
+  const auto want = download_rows<std::uint16_t>(*device, *e.compute, plain_dst.tensor);
   ASSERT_LT(std::count(want.begin(), want.end(), std::uint16_t{0xA5A5}), std::ptrdiff_t(want.size() / 100)) << "the plain kernel wrote the rows";
 
   // Some pages are resident: their rows move to a device cache and leave the host pool.
@@ -447,7 +436,7 @@ TEST_P(HiSparseGroupTest, Fp8PrefillFromResidentAndHostRowsMatchesThePlainKernel
                                       batch, 0);
   ASSERT_EQ(ready, &g.cache(layer).prefill_ready());
   e.compute->wait(*ready);
-  EXPECT_EQ(read_tensor<std::uint16_t>(*device, *e.compute, dst.tensor), want);
+  EXPECT_EQ(download_rows<std::uint16_t>(*device, *e.compute, dst.tensor), want);
 
   // A slice of the plan's requests: request 1 of the plan alone.
   const auto one_start = device_tensor(*device, *e.compute, std::vector<std::int32_t>{0}, {1});
@@ -455,7 +444,7 @@ TEST_P(HiSparseGroupTest, Fp8PrefillFromResidentAndHostRowsMatchesThePlainKernel
                                    lengths[1]);
   e.compute->wait(*g.gather_fp8_prefill(layer, *e.compute, resident_cache.tensor, one_dst.tensor, Tensor(), one_start.tensor,
                                         1, batch, 1));
-  const auto one = read_tensor<std::uint16_t>(*device, *e.compute, one_dst.tensor);
+  const auto one = download_rows<std::uint16_t>(*device, *e.compute, one_dst.tensor);
   EXPECT_TRUE(std::equal(one.begin(), one.end(), want.begin() + std::ptrdiff_t(starts[1]) * 576));
   EXPECT_NE(error_of([&] { g.gather_fp8_prefill(layer, *e.compute, Tensor(), dst.tensor, Tensor(), starts_t.tensor, P, batch, 0); })
                 .find("the plan has resident rows"),
