@@ -119,6 +119,7 @@ bool same(const std::string& where, const std::string& what, const std::vector<V
     ADD_FAILURE() << where << ": " << what << " has " << got.size() << " entries, want " << want.size();
     return false;
   }
+  if (got == want) return true;
   std::size_t bad = 0;
   std::ostringstream out;
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -453,9 +454,9 @@ class StepRig {
       const reference::HiSparseResult& want = want_[std::size_t(gi)];
       const std::string at = where + ", layer " + std::to_string(l) + " (group " + std::to_string(gi) + ", index " +
                              std::to_string(layers_[std::size_t(l)].index_in_group) + ")";
-      same(at, "attention indices attention read", read<std::int32_t>(attention_out_[std::size_t(l)].tensor),
+      same(at, "attention indices the layer got", read<std::int32_t>(attention_out_[std::size_t(l)].tensor),
            want.attention_indices, K, "batch row", "column");
-      same(at, "valid counts attention read", read<std::int32_t>(valid_out_[std::size_t(l)].tensor), want.valid_counts, 1,
+      same(at, "valid counts the layer got", read<std::int32_t>(valid_out_[std::size_t(l)].tensor), want.valid_counts, 1,
            "batch row", "");
       check_reads(at, l, p);
       check_hot_cache(at, l);
@@ -474,15 +475,19 @@ class StepRig {
         // Only the first swap_counts[row] entries of the swap lists are defined.
         const auto host = read<std::int32_t>(g.swap_host_rows().rows(0, T));
         const auto dev = read<std::int32_t>(g.swap_device_rows().rows(0, T));
-        std::vector<std::int32_t> got_pairs, want_pairs;
+        std::size_t pairs = 0, bad = 0;
+        std::ostringstream out;
         for (std::int32_t b = 0; b < T; ++b) {
-          for (std::int32_t m = 0; m < counts[std::size_t(b)]; ++m) {
+          for (std::int32_t m = 0; m < counts[std::size_t(b)]; ++m, ++pairs) {
             const std::size_t i = std::size_t(b * K + m);
-            got_pairs.insert(got_pairs.end(), {b, m, host[i], dev[i]});
-            want_pairs.insert(want_pairs.end(), {b, m, want.swap_host_rows[i], want.swap_device_rows[i]});
+            if (host[i] == want.swap_host_rows[i] && dev[i] == want.swap_device_rows[i]) continue;
+            if (bad++ < 5) {
+              out << "\n  batch row " << b << ", swap " << m << ": got (host row " << host[i] << ", hot row " << dev[i]
+                  << "), want (" << want.swap_host_rows[i] << ", " << want.swap_device_rows[i] << ")";
+            }
           }
         }
-        same(at, "swap list (batch row, swap, host row, hot row)", got_pairs, want_pairs, 4, "pair", "field");
+        if (bad) ADD_FAILURE() << at << ": swap list differs in " << bad << " of " << pairs << " pairs" << out.str();
       }
       same(at, "slot_rows", read<std::int32_t>(g.slot_rows()), st.slot_rows, H, "state row", "slot");
       same(at, "lru", read<std::int16_t>(g.lru()), st.lru, H, "state row", "LRU position");
@@ -571,8 +576,8 @@ class StepRig {
       const std::int32_t g = want.resolved_rows[e];
       const std::uint8_t* expect = g >= 0 ? pools_[std::size_t(l)].data() + std::size_t(g) * rb : zeros.data();
       const std::uint8_t* have = got.data() + e * rb;
+      if (std::memcmp(have, expect, rb) == 0) continue;
       const auto diff = std::mismatch(have, have + rb, expect);
-      if (diff.first == have + rb) continue;
       if (bad++ < 5) {
         out << "\n  batch row " << e / K << ", column " << e % K << " (token "
             << p.logical[std::size_t(group_of_layer_[std::size_t(l)])][e] << ", host row " << g << ", attention index "
@@ -595,10 +600,11 @@ class StepRig {
     const reference::HiSparseState& st = states_[std::size_t(group_of_layer_[std::size_t(l)])];
     std::size_t bad = 0;
     std::ostringstream out;
+    if (got == want) return;
     for (std::size_t x = 0; x < want.size() / rb; ++x) {
+      if (std::memcmp(got.data() + x * rb, want.data() + x * rb, rb) == 0) continue;
       const auto diff = std::mismatch(got.begin() + std::ptrdiff_t(x * rb), got.begin() + std::ptrdiff_t((x + 1) * rb),
                                       want.begin() + std::ptrdiff_t(x * rb));
-      if (diff.first == got.begin() + std::ptrdiff_t((x + 1) * rb)) continue;
       if (bad++ < 5) {
         const std::size_t block = x / attention_stride, offset = x % attention_stride;
         out << "\n  row " << x;
