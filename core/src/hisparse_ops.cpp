@@ -10,7 +10,7 @@ namespace sparse_mla {
 namespace {
 
 constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
-constexpr std::int32_t max_hot_slots = 32768;  // slot ids are int16 in the LRU
+constexpr std::int32_t max_hot_slots = hisparse_max_hot_slots;  // int16 slot ids; the resolve kernel packs K and H into 15-16 bits
 
 // A block table: int32 [rows, blocks], rows packed, on the device.
 void check_table(const char* where, const char* name, const Tensor& table, const Device& device) {
