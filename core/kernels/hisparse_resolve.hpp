@@ -24,7 +24,9 @@
 //   1. map_entries: map every entry to its host row g and its resident row;
 //      write the resolved rows, the resident and invalid outputs and the
 //      valid count; clear the set; cache the row's hot block table. A row
-//      with nothing left to look up returns here (its LRU untouched).
+//      with nothing left to look up returns here (its LRU untouched), and so
+//      does a padding row, mapped as a row whose request is outside the
+//      tables (all -1, counts 0).
 //   2. build_set: insert the pending host rows; each key keeps the first top-k
 //      entry that selected it (duplicates collapse to it).
 //   3. classify_slots: by slot index (coalesced slot_rows reads), a slot whose
@@ -253,27 +255,14 @@ struct HiSparseResolve {
     return added;
   }
 
-  KOKKOS_INLINE_FUNCTION void padding_row(const member_type& team, std::int64_t row) const {
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, a.top_k), [&](const std::int32_t j) {
-      store(row, j, -1);
-      if (a.resolved_rows != nullptr) a.resolved_rows[row * a.out_stride + j] = -1;
-      if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 0;
-    });
-    Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      if (a.valid_counts != nullptr) a.valid_counts[row] = 0;
-      a.swap_counts[row] = 0;
-    });
-  }
-
   // Pass 1. Returns the number of entries that need a hot slot. Group i
-  // holds entries i, i + G, ... (coalesced loads).
+  // holds entries i, i + G, ... (coalesced loads). `request` -1 maps every
+  // entry to -1; `cached` hot block table entries are copied to scratch.
   KOKKOS_INLINE_FUNCTION std::int32_t map_entries(const member_type& team, const hisparse::ResolveScratch& s,
-                                                  std::int64_t row, std::int64_t hot_table_row) const {
-    const std::int32_t request = a.request_ids[row];
+                                                  std::int64_t row, std::int32_t request, std::int64_t hot_table_row,
+                                                  std::int32_t cached) const {
     const std::int32_t* in = a.logical + row * a.logical_stride;
     const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, hash_size()),
-                         [&](const std::int32_t h) { s.words[h] = hisparse::empty_word; });
     const std::int32_t K = a.top_k;
     const std::int32_t G = entry_groups();
     long long counts = 0;  // valid entries in the low 32 bits, pending entries in the high
@@ -285,7 +274,9 @@ struct HiSparseResolve {
             const std::int32_t j = i + u * G;
             tok[u] = j < K ? in[j] : -1;
           }
-          for (std::int32_t b = i; b < cached_blocks; b += G) s.hot_blocks[b] = hot_table[b];
+          // While the loads are in flight: clear the set, copy the hot block table.
+          for (std::int32_t h = i; h < hash_size(); h += G) s.words[h] = hisparse::empty_word;
+          for (std::int32_t b = i; b < cached; b += G) s.hot_blocks[b] = hot_table[b];
           for (int u = 0; u < E; ++u) {
             g[u] = source_block(request, tok[u]);
             resident[u] = resident_block(request, tok[u]);
@@ -495,19 +486,20 @@ struct HiSparseResolve {
     const std::int64_t row = team.league_rank();
     const std::int32_t state = a.request_state_indices != nullptr ? a.request_state_indices[row]
                                                                   : static_cast<std::int32_t>(row);
-    if (state < 0 || state >= a.num_state_rows) {
-      padding_row(team, row);
-      return;
-    }
+    const std::int32_t request = a.request_ids[row];  // loaded with the state, not after it
+    // A padding row goes through pass 1 as a row whose request is outside the
+    // tables: every output -1, counts 0, and it returns before its state.
+    const bool padding = state < 0 || state >= a.num_state_rows;
     // Constant scratch levels: a level known only at run time makes Kokkos
     // keep its scratch cursors in local memory.
     const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached_blocks);
     void* base = scratch_level == 0 ? team.team_scratch(0).get_shmem(bytes) : team.team_scratch(1).get_shmem(bytes);
     const hisparse::ResolveScratch s = hisparse::ResolveScratch::carve(base, a.top_k, a.hot_slots, cached_blocks);
-    const std::int64_t hot_table_row = a.hot_table_by_state ? state : row;
-    const std::int32_t pending = map_entries(team, s, row, hot_table_row);
+    const std::int64_t hot_table_row = a.hot_table_by_state && !padding ? state : row;
+    const std::int32_t pending =
+        map_entries(team, s, row, padding ? -1 : request, hot_table_row, padding ? 0 : cached_blocks);
     if (pending == 0) {
-      // Nothing can consult the hot slots: leave the LRU as it is.
+      // Nothing can consult the hot slots (or a padding row): leave the LRU as it is.
       Kokkos::single(Kokkos::PerTeam(team), [&]() { a.swap_counts[row] = 0; });
       return;
     }
