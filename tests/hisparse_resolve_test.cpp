@@ -471,6 +471,84 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtProductionWidth) {
   run_random_steps(rig, shape, state, 3, rng, true);
 }
 
+// The kernel packs entry indices, miss numbers and slot + 1 into 15 and 16
+// bits of its set words (core/kernels/hisparse_resolve.hpp): these two tests
+// run the largest values the op accepts (H = 32768, K = H).
+
+TEST_P(HiSparseResolveTest, KernelMatchesModelWithTheLargestSlotIds) {
+  // H = 32768 with a reversed LRU: the first loads take slots 32767, 32766,
+  // ..., so later steps hit slots whose id + 1 is 2^15.
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(12);
+  auto stream = device->create_stream();
+  Shape shape;
+  shape.top_k = 512;
+  shape.hot_slots = hisparse_max_hot_slots;
+  shape.requests = shape.states = 2;
+  shape.blocks = 32;
+  shape.block_size = 64;
+  const HiSparseTables t = make_tables(shape, rng);
+  HiSparseState state(shape.states, t.hot_slots);
+  for (std::int32_t s = 0; s < shape.states; ++s) {
+    for (std::int32_t p = 0; p < t.hot_slots; ++p) {
+      state.lru[std::size_t(s) * t.hot_slots + p] = static_cast<std::int16_t>(t.hot_slots - 1 - p);
+    }
+  }
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  // A cold step, then the same selections again: every slot it loaded,
+  // 32767 first, is a hit.
+  const std::vector<std::vector<std::int32_t>> selections{next_selection(t, {}, 0, rng), next_selection(t, {}, 0, rng)};
+  const HiSparseStep step = make_step(t, {0, 1}, {0, 1}, selections);
+  for (int pass = 0; pass < 2; ++pass) {
+    const HiSparseResult got = rig.run(step);
+    const HiSparseResult want = reference::resolve_model(t, step, state);
+    expect_same(got, want, t.top_k);
+    expect_same_state(rig.state(), state);
+    if (pass == 1) {
+      EXPECT_EQ(want.misses, 0u);
+    }
+  }
+  EXPECT_GE(state.slot_rows[std::size_t(t.hot_slots - 1)], 0);
+  run_random_steps(rig, shape, state, 4, rng, true);
+}
+
+TEST_P(HiSparseResolveTest, KernelMatchesModelAtTheLargestTopK) {
+  // K = H = 32768: a cold step loads 32768 distinct rows (entries and miss
+  // numbers up to 32767, set positions up to 65535), then a step that keeps
+  // about half of them, with duplicates, evicts the rest.
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(13);
+  auto stream = device->create_stream();
+  Shape shape;
+  shape.top_k = shape.hot_slots = hisparse_max_hot_slots;
+  shape.requests = shape.states = 1;
+  shape.blocks = 1024;
+  shape.block_size = 64;
+  const HiSparseTables t = make_tables(shape, rng);
+  HiSparseState state(1, t.hot_slots);
+  HiSparseRig rig(*device, *stream, t, state, 1, 16, hot_cache_blocks(t, 1), rng);
+
+  std::vector<std::int32_t> selection = iota_vec(t.top_k);
+  std::shuffle(selection.begin(), selection.end(), rng);
+  const HiSparseStep cold = make_step(t, {0}, {0}, {selection});
+  const HiSparseResult got = rig.run(cold);
+  const HiSparseResult want = reference::resolve_model(t, cold, state);
+  expect_same(got, want, t.top_k);
+  expect_same_state(rig.state(), state);
+  ASSERT_EQ(got.swap_counts[0], t.top_k);
+
+  selection = next_selection(t, selection, 0.5, rng);
+  for (int d = 0; d < 64; ++d) selection[rng() % selection.size()] = selection[rng() % selection.size()];
+  const HiSparseStep mixed = make_step(t, {0}, {0}, {selection});
+  const HiSparseResult got2 = rig.run(mixed);
+  const HiSparseResult want2 = reference::resolve_model(t, mixed, state);
+  expect_same(got2, want2, t.top_k);
+  expect_same_state(rig.state(), state);
+  EXPECT_GT(want2.hits, 0u);
+  EXPECT_GT(want2.misses, 0u);
+  expect_slots_hold_host_rows(rig, state);
+}
+
 TEST_P(HiSparseResolveTest, RejectedCallsNameTheArgumentAndWriteNothing) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(10);
