@@ -513,9 +513,11 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelWithTheLargestSlotIds) {
 }
 
 TEST_P(HiSparseResolveTest, KernelMatchesModelAtTheLargestTopK) {
-  // K = H = 32768: a cold step loads 32768 distinct rows (entries and miss
-  // numbers up to 32767, set positions up to 65535), then a step that keeps
-  // about half of them, with duplicates, evicts the rest.
+  // K = H = 32768. A cold step loads 32768 distinct rows (entries and miss
+  // numbers up to 32767, set positions up to 65535); it is checked in closed
+  // form, as the scalar model is quadratic in K. Then a step of 1024 rows of
+  // the first (hits) and 1024 new ones (misses), each selected many times
+  // across all K entries, against the model.
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(13);
   auto stream = device->create_stream();
@@ -525,24 +527,40 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtTheLargestTopK) {
   shape.blocks = 1024;
   shape.block_size = 64;
   const HiSparseTables t = make_tables(shape, rng);
+  const std::int32_t K = t.top_k;
   HiSparseState state(1, t.hot_slots);
   HiSparseRig rig(*device, *stream, t, state, 1, 16, hot_cache_blocks(t, 1), rng);
 
-  std::vector<std::int32_t> selection = iota_vec(t.top_k);
-  std::shuffle(selection.begin(), selection.end(), rng);
-  const HiSparseStep cold = make_step(t, {0}, {0}, {selection});
-  const HiSparseResult got = rig.run(cold);
-  const HiSparseResult want = reference::resolve_model(t, cold, state);
-  expect_same(got, want, t.top_k);
+  // Positions [0, K) are all in the pool: entry m is the m-th miss and takes
+  // slot m (a cold LRU is 0 .. H - 1), and with K = H the LRU stays as it is.
+  std::vector<std::int32_t> cold = iota_vec(K);
+  std::shuffle(cold.begin(), cold.end(), rng);
+  const HiSparseStep first = make_step(t, {0}, {0}, {cold});
+  const HiSparseResult got = rig.run(first);
+  ASSERT_EQ(got.swap_counts, std::vector<std::int32_t>{K});
+  ASSERT_EQ(got.valid_counts, std::vector<std::int32_t>{K});
+  for (std::int32_t m = 0; m < K; ++m) {
+    const std::int32_t g = reference::model_host_row(t, 0, cold[std::size_t(m)]);
+    const std::int32_t x = reference::model_hot_row(t, first, 0, m);
+    ASSERT_GE(g, 0);
+    ASSERT_EQ(got.resolved_rows[std::size_t(m)], g) << m;
+    ASSERT_EQ(got.hot_indices[std::size_t(m)], x) << m;
+    ASSERT_EQ(got.attention_indices[std::size_t(m)], reference::model_attention_index(t, x)) << m;
+    ASSERT_EQ(got.miss_mask[std::size_t(m)], 1) << m;
+    ASSERT_EQ(got.swap_host_rows[std::size_t(m)], g) << m;
+    ASSERT_EQ(got.swap_device_rows[std::size_t(m)], x) << m;
+    state.slot_rows[std::size_t(m)] = g;
+  }
   expect_same_state(rig.state(), state);
-  ASSERT_EQ(got.swap_counts[0], t.top_k);
 
-  selection = next_selection(t, selection, 0.5, rng);
-  for (int d = 0; d < 64; ++d) selection[rng() % selection.size()] = selection[rng() % selection.size()];
-  const HiSparseStep mixed = make_step(t, {0}, {0}, {selection});
-  const HiSparseResult got2 = rig.run(mixed);
-  const HiSparseResult want2 = reference::resolve_model(t, mixed, state);
-  expect_same(got2, want2, t.top_k);
+  std::vector<std::int32_t> rows(cold.begin(), cold.begin() + 1024);
+  for (std::int32_t i = 0; i < 1024; ++i) rows.push_back(K + static_cast<std::int32_t>(rng() % std::uint64_t(K)));
+  std::vector<std::int32_t> mixed(static_cast<std::size_t>(K));
+  for (auto& tok : mixed) tok = rng() % 16 == 0 ? -1 : rows[rng() % rows.size()];
+  const HiSparseStep second = make_step(t, {0}, {0}, {mixed});
+  const HiSparseResult got2 = rig.run(second);
+  const HiSparseResult want2 = reference::resolve_model(t, second, state);
+  expect_same(got2, want2, K);
   expect_same_state(rig.state(), state);
   EXPECT_GT(want2.hits, 0u);
   EXPECT_GT(want2.misses, 0u);
