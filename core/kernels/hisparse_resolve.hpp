@@ -476,8 +476,11 @@ struct HiSparseResolve {
     Kokkos::single(Kokkos::PerTeam(team), [&]() {
       a.swap_counts[row] = misses;
       if (a.hit_miss_counters != nullptr) {
-        Kokkos::atomic_add(&a.hit_miss_counters[0], static_cast<unsigned long long>(hits));
-        Kokkos::atomic_add(&a.hit_miss_counters[1], static_cast<unsigned long long>(misses));
+        // std::uint64_t: Kokkos 4.6 adds it with one red.add on CUDA, but
+        // unsigned long long with a compare-and-swap loop, which rows that
+        // finish together retry.
+        Kokkos::atomic_add(&a.hit_miss_counters[0], static_cast<std::uint64_t>(hits));
+        Kokkos::atomic_add(&a.hit_miss_counters[1], static_cast<std::uint64_t>(misses));
       }
     });
   }

@@ -163,7 +163,7 @@ void resolve_hisparse(Stream& stream, const HiSparseResolveInputs& in, const HiS
   a.valid_counts = data_or_null<std::int32_t>(out.valid_counts);
   a.swap_counts = out.swap_counts.data_as<std::int32_t>();
   // Counts never reach 2^63, so the int64 tensor holds them as unsigned.
-  a.hit_miss_counters = reinterpret_cast<unsigned long long*>(data_or_null<std::int64_t>(out.hit_miss_counters));
+  a.hit_miss_counters = reinterpret_cast<std::uint64_t*>(data_or_null<std::int64_t>(out.hit_miss_counters));
   a.num_rows = in.logical.dim(0);
   a.top_k = static_cast<std::int32_t>(in.logical.dim(1));
   a.hot_slots = H;

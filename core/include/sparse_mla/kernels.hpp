@@ -136,7 +136,7 @@ struct HiSparseResolveArgs {
   std::int64_t out_stride;
   std::int32_t* valid_counts;  // [num_rows] or nullptr
   std::int32_t* swap_counts;   // [num_rows]
-  unsigned long long* hit_miss_counters;  // [2]: += hits, += misses (atomically), or nullptr
+  std::uint64_t* hit_miss_counters;  // [2]: += hits, += misses (atomically), or nullptr
   std::int64_t num_rows;
   std::int32_t top_k;
   std::int32_t hot_slots;  // H, >= top_k, <= hisparse_max_hot_slots
