@@ -138,6 +138,8 @@ const Shape shapes[] = {
     {12, 2048, 4, 40, 64, 64, true},     // prefill workspace
     {10, 100, 3, 9, 16, 48, true},       // prefill workspace, K not a power of two, stride > size
     {64, 512, 8, 16, 64, 64, false},     // many tokens
+    {9, 256, 3, 12, 48, 48, false},      // block size not a power of two: the division path
+    {5, 2052, 2, 50, 24, 40, true},      // 513 units: a tail past whole unit batches, prefill, size 24
 };
 
 TEST_P(TopkConvertTest, MatchesTheReferenceOverManyShapes) {

@@ -104,6 +104,9 @@ void HostStream::run() {
       queue_.pop_front();
     }
     random_delay();
+    if (const std::uint32_t fixed = fixed_delay_us_.load(std::memory_order_relaxed)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(fixed));
+    }
     std::exception_ptr error;
     try {
       task();

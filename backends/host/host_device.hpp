@@ -4,6 +4,7 @@
 // back, so CI without a GPU exercises the same ordering logic as a GPU would.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -55,6 +56,11 @@ class HostStream final : public Stream {
   void enqueue(std::function<void()> task);
   // Queues a marker that is set when the queue reaches it.
   std::shared_ptr<Marker> mark();
+  // Debug: every task of this stream first sleeps `us` microseconds (on top
+  // of SPARSE_MLA_HOST_DELAY_US), so that this one stream lags behind the
+  // others and work that waits for too little of it runs too early, every
+  // time. 0 = off.
+  void set_debug_delay_us(std::uint32_t us) { fixed_delay_us_.store(us); }
 
  private:
   void run();
@@ -67,6 +73,7 @@ class HostStream final : public Stream {
   std::uint64_t queued_ = 0;
   std::uint64_t finished_ = 0;
   bool stopping_ = false;
+  std::atomic<std::uint32_t> fixed_delay_us_{0};
   std::exception_ptr error_;
   std::thread worker_;
 };

@@ -39,18 +39,18 @@ KOKKOS_INLINE_FUNCTION std::uint32_t to_bits(float f) {
   return b.u;
 }
 
-// The exact float value of one e4m3 byte. A normal value only needs its
-// exponent re-biased; a subnormal one (exponent field 0) is mantissa *
-// 2^(1 - bias - 3), an exact float product.
+// The exact float value of one e4m3 byte. The byte's magnitude bits moved
+// to a float's exponent and mantissa fields (mag << 20) read as a float that
+// is the e4m3 value times 2^-(127 - bias): a normal one with its exponent
+// re-biased, a subnormal one (exponent field 0) as a float subnormal. One
+// multiply by 2^(127 - bias) makes both exact, provided subnormal floats are
+// not flushed to zero (they are not: no fast-math flags; the golden files
+// and the differential tests hold subnormal bytes).
 KOKKOS_INLINE_FUNCTION float decode(std::uint32_t byte, bool fnuz) {
   const std::uint32_t magnitude = byte & 0x7Fu;
-  const std::uint32_t sign = (byte & 0x80u) << 24;
-  const std::uint32_t rebias = (fnuz ? 127u - 8u : 127u - 7u) << 23;
-  const float normal = from_bits(sign | ((magnitude << 20) + rebias));
-  const float subnormal =
-      from_bits(sign | to_bits(static_cast<float>(magnitude) * (fnuz ? 0x1p-10f : 0x1p-9f)));
+  const float value = from_bits(magnitude << 20) * (fnuz ? 0x1p119f : 0x1p120f);
   const bool nan = fnuz ? byte == 0x80u : magnitude == 0x7Fu;
-  return nan ? from_bits(0x7FC00000u) : (magnitude < 8 ? subnormal : normal);
+  return nan ? from_bits(0x7FC00000u) : from_bits(to_bits(value) | ((byte & 0x80u) << 24));
 }
 
 // float32 to bfloat16, round to nearest even. Every NaN becomes 0x7FFF, the
@@ -103,13 +103,14 @@ KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { retu
 
 }  // namespace fp8
 
-template <class Space, bool Vector>
+template <class Space, bool Vector, class Split>
 struct Fp8Upconvert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   Fp8UpconvertArgs a;
   fp8::DecodeTableFor<Space> table;
+  Split split;                    // of a.block_size
   std::int32_t rows_per_task;     // rows of a page one team converts
-  std::int64_t chunks_per_page;   // teams per page task
+  std::int32_t chunks_per_page;   // teams per page task (32-bit: a 64-bit division is ~100 instructions)
 
   // The rows of one block that one request copies.
   struct Page {
@@ -131,8 +132,8 @@ struct Fp8Upconvert {
       const std::int64_t length = fp8::max64(end - begin, 0);
       const std::int64_t source = a.seq_starts != nullptr ? a.seq_starts[r] : 0;
       if (source < 0) continue;  // no valid source rows: leaves its rows unwritten
-      const std::int64_t first_block = source / bs;
-      const std::int64_t pages = (source + length + bs - 1) / bs - first_block;
+      const std::int64_t first_block = split.block(source);
+      const std::int64_t pages = split.block(source + length + bs - 1) - first_block;
       if (task < pages) {
         const std::int64_t block = first_block + task;
         const std::int64_t copy_begin = fp8::max64(source, block * bs);
@@ -152,9 +153,13 @@ struct Fp8Upconvert {
     return a.cache + (row / a.cache_block_size) * a.cache_block_stride + (row % a.cache_block_size) * a.cache_row_stride;
   }
 
-  KOKKOS_INLINE_FUNCTION const std::uint8_t* source_row(const Page& page, std::int64_t token) const {
-    if (page.block >= a.blocks_per_request) return nullptr;
-    const std::int64_t id = a.block_table[page.request * a.block_table_stride + page.block];
+  // The page's block id in the block table, or -1 (read once per team).
+  KOKKOS_INLINE_FUNCTION std::int64_t block_id(const Page& page) const {
+    if (page.block >= a.blocks_per_request) return -1;
+    return a.block_table[page.request * a.block_table_stride + page.block];
+  }
+
+  KOKKOS_INLINE_FUNCTION const std::uint8_t* source_row(std::int64_t id, std::int64_t token) const {
     if (id < 0) return nullptr;
     if (a.host_cache == nullptr) {
       if (id >= a.cache_blocks) return nullptr;
@@ -208,17 +213,18 @@ struct Fp8Upconvert {
   // A team converts `rows_per_task` rows of one page: one 16-byte unit per
   // thread, so every load of the chunk is in flight at once.
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
-    const std::int64_t task = team.league_rank();
+    const std::int32_t task = team.league_rank();
     Page page{};
     if (!page_of(task / chunks_per_page, page)) return;
     const std::int32_t first = static_cast<std::int32_t>(task % chunks_per_page) * rows_per_task;
     const std::int32_t page_rows = static_cast<std::int32_t>(page.rows);
     if (first >= page_rows) return;
     const std::int32_t rows = page_rows - first < rows_per_task ? page_rows - first : rows_per_task;
+    const std::int64_t id = block_id(page);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * fp8::units_per_row), [&](const std::int32_t u) {
       const std::int32_t i = first + u / fp8::units_per_row;  // 32-bit: a constant divisor is a multiply
       const std::int64_t output = page.first_output + i;
-      const std::uint8_t* src = source_row(page, page.first_token + i);
+      const std::uint8_t* src = source_row(id, page.first_token + i);
       if (output < 0 || src == nullptr) return;
       unit(src, a.dst + output * a.dst_row_stride, u % fp8::units_per_row);
     });
@@ -248,11 +254,16 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
   if constexpr (is_host_space<Space>) {
     for (std::uint32_t byte = 0; byte < 256; ++byte) table.value[byte] = fp8::decode(byte, a.format == Fp8Format::e4m3fnuz);
   }
-  if (vector) {
-    Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy, Fp8Upconvert<Space, true>{a, table, rows_per_task, chunks});
-  } else {
-    Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy, Fp8Upconvert<Space, false>{a, table, rows_per_task, chunks});
-  }
+  with_block_split(a.block_size, [&](auto split) {
+    using Split = decltype(split);
+    if (vector) {
+      Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
+                           Fp8Upconvert<Space, true, Split>{a, table, split, rows_per_task, static_cast<std::int32_t>(chunks)});
+    } else {
+      Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
+                           Fp8Upconvert<Space, false, Split>{a, table, split, rows_per_task, static_cast<std::int32_t>(chunks)});
+    }
+  });
 }
 
 }  // namespace sparse_mla::kernels

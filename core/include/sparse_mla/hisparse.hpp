@@ -158,6 +158,16 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   const Tensor& lru() const { return lru_; }
   const Tensor& hot_block_table() const { return hot_block_table_; }  // by state row
   std::int32_t hot_blocks_per_state() const { return hot_blocks_per_state_; }
+  // The rest of the resolve's output for rows [0, T) of the last decode step
+  // (the attention indices and valid counts are physical_workspace() and
+  // valid_counts_workspace()): int32 [workspace_rows, K] hot rows, miss mask
+  // and compact swap lists, int32 [workspace_rows] swap counts. They stay on
+  // the device, where the gathers read the counts; read them after the step.
+  const Tensor& hot_indices() const { return hot_indices_; }
+  const Tensor& miss_mask() const { return miss_mask_; }
+  const Tensor& swap_host_rows() const { return swap_host_rows_; }
+  const Tensor& swap_device_rows() const { return swap_device_rows_; }
+  const Tensor& swap_counts() const { return swap_counts_; }
   // Resolves and per-layer gathers queued so far (the resolve runs once per step).
   std::uint64_t resolves() const { return resolves_; }
   std::uint64_t gathers() const { return gathers_; }
