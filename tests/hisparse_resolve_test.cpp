@@ -471,6 +471,25 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtProductionWidth) {
   run_random_steps(rig, shape, state, 3, rng, true);
 }
 
+TEST_P(HiSparseResolveTest, BlockSizesThatAreNotPowersOfTwo) {
+  // The kernel shifts and masks by power-of-two block sizes and divides by
+  // the others: source, resident and hot blocks of 12, 12 and 24 rows.
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(14);
+  auto stream = device->create_stream();
+  Shape shape;
+  shape.block_size = 12;
+  shape.hot_slots = 100;
+  shape.resident = true;
+  HiSparseTables t = make_tables(shape, rng);
+  t.hot_block_size = 24;
+  t.hot_blocks_per_row = (t.hot_slots + t.hot_block_size - 1) / t.hot_block_size;
+  t.attention_block_stride = 40;
+  HiSparseState state(shape.states, t.hot_slots);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  run_random_steps(rig, shape, state, 6, rng, true);
+}
+
 // The kernel packs entry indices, miss numbers and slot + 1 into 15 and 16
 // bits of its set words (core/kernels/hisparse_resolve.hpp): these two tests
 // run the largest values the op accepts (H = 32768, K = H).

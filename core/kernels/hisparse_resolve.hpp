@@ -77,6 +77,20 @@ KOKKOS_INLINE_FUNCTION std::int32_t groups(std::int32_t n, std::int32_t per_grou
   return (n + per_group - 1) / per_group;
 }
 
+// Splits a non-negative position into (block, offset): a shift and a mask
+// when the block size is a power of two (every production table), else a
+// division, about twenty instructions.
+struct BlockSplit {
+  std::int32_t size;
+  std::int32_t shift;  // log2(size), or -1
+
+  static BlockSplit of(std::int32_t size) { return BlockSplit{size, exact_log2(size)}; }
+  KOKKOS_INLINE_FUNCTION std::int32_t block(std::int32_t x) const { return shift >= 0 ? x >> shift : x / size; }
+  KOKKOS_INLINE_FUNCTION std::int32_t offset(std::int32_t x) const {
+    return shift >= 0 ? x & ((std::int32_t{1} << shift) - 1) : x % size;
+  }
+};
+
 // Knuth's multiplicative hash, scaled to [0, size) by its high bits.
 KOKKOS_INLINE_FUNCTION std::int32_t hash_position(std::int32_t key, std::int32_t size) {
   const std::uint32_t mixed = static_cast<std::uint32_t>(key) * 2654435761u;
@@ -124,6 +138,7 @@ struct HiSparseResolve {
   HiSparseResolveArgs a;
   int scratch_level;
   std::int32_t cached_blocks;  // hot block table entries cached in scratch per row
+  hisparse::BlockSplit source_split, resident_split, hot_split;  // by a.source_block_size, ...
 
   KOKKOS_INLINE_FUNCTION std::int32_t hash_size() const { return 2 * a.top_k; }
   KOKKOS_INLINE_FUNCTION std::int32_t next_position(std::int32_t h) const { return h + 1 == hash_size() ? 0 : h + 1; }
@@ -136,35 +151,35 @@ struct HiSparseResolve {
   // then the host row (-1 for a negative block or a row outside the pool).
   KOKKOS_INLINE_FUNCTION std::int32_t source_block(std::int32_t request, std::int32_t tok) const {
     if (tok < 0 || request < 0 || request >= a.source_num_requests) return -1;
-    const std::int32_t block = tok / a.source_block_size;
+    const std::int32_t block = source_split.block(tok);
     return block < a.source_blocks_per_request ? a.source_block_table[request * a.source_table_stride + block] : -1;
   }
   KOKKOS_INLINE_FUNCTION std::int32_t host_row(std::int32_t physical, std::int32_t tok) const {
     if (physical < 0) return -1;
-    const std::int64_t g = static_cast<std::int64_t>(physical) * a.source_block_size + tok % a.source_block_size;
+    const std::int64_t g = static_cast<std::int64_t>(physical) * a.source_block_size + source_split.offset(tok);
     return g < a.host_rows ? static_cast<std::int32_t>(g) : -1;
   }
 
   // The same for the device row of `tok` when its page is resident (else -1).
   KOKKOS_INLINE_FUNCTION std::int32_t resident_block(std::int32_t request, std::int32_t tok) const {
     if (a.resident_block_table == nullptr || tok < 0 || request < 0 || request >= a.resident_num_requests) return -1;
-    const std::int32_t block = tok / a.resident_block_size;
+    const std::int32_t block = resident_split.block(tok);
     return block < a.resident_blocks_per_request ? a.resident_block_table[request * a.resident_table_stride + block]
                                                  : -1;
   }
   KOKKOS_INLINE_FUNCTION std::int32_t resident_row(std::int32_t physical, std::int32_t tok) const {
     if (physical < 0 || physical == a.resident_null_block) return -1;
     return static_cast<std::int32_t>(static_cast<std::int64_t>(physical) * a.resident_block_size +
-                                     tok % a.resident_block_size);
+                                     resident_split.offset(tok));
   }
 
   // Hot row of `slot`; `row` is the batch row, or the state row with
   // hot_table_by_state. Reads the scratch copy of the table when there is one.
   KOKKOS_INLINE_FUNCTION std::int32_t hot_row(const hisparse::ResolveScratch& s, std::int64_t row,
                                               std::int32_t slot) const {
-    const std::int32_t b = slot / a.hot_block_size;
+    const std::int32_t b = hot_split.block(slot);
     const std::int32_t block = cached_blocks > 0 ? s.hot_blocks[b] : a.hot_block_table[row * a.hot_table_stride + b];
-    return static_cast<std::int32_t>(static_cast<std::int64_t>(block) * a.hot_block_size + slot % a.hot_block_size);
+    return static_cast<std::int32_t>(static_cast<std::int64_t>(block) * a.hot_block_size + hot_split.offset(slot));
   }
 
   // Writes the hot row of entry j and its attention index.
@@ -173,7 +188,7 @@ struct HiSparseResolve {
     if (a.attention_indices != nullptr) {
       a.attention_indices[row * a.attention_stride + j] =
           x < 0 ? -1
-                : static_cast<std::int32_t>((x / a.hot_block_size) * a.attention_block_stride + x % a.hot_block_size);
+                : static_cast<std::int32_t>(hot_split.block(x) * a.attention_block_stride + hot_split.offset(x));
     }
   }
 
@@ -532,7 +547,13 @@ void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
   const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
   policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(512));
   policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
-  Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy, HiSparseResolve<Space>{a, level, cached});
+  const HiSparseResolve<Space> functor{a,
+                                       level,
+                                       cached,
+                                       hisparse::BlockSplit::of(a.source_block_size),
+                                       hisparse::BlockSplit::of(a.resident_block_size),
+                                       hisparse::BlockSplit::of(a.hot_block_size)};
+  Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy, functor);
 }
 
 }  // namespace sparse_mla::kernels
