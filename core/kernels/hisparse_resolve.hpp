@@ -30,8 +30,9 @@
 //   2. build_set: insert the pending host rows; each key keeps the first top-k
 //      entry that selected it (duplicates collapse to it).
 //   3. classify_slots: by slot index (coalesced slot_rows reads), a slot whose
-//      host row is in the set is a hit and its key records the slot. The old
-//      LRU order is read in the same loads.
+//      host row is in the set is a hit and its key records the slot. The
+//      same loads read the row's old LRU order, so that pass 4 finds it in
+//      the cache.
 //   4. order_slots: one prefix sum over LRU groups (hits before each) and
 //      entry groups (misses before each). Each LRU position moves to its new
 //      place (untouched evictable, newly loaded in miss order, hits), and the
@@ -359,8 +360,9 @@ struct HiSparseResolve {
             g[u] = first + u < H ? slot_rows[first + u] : -1;
             old_order[u] = first + u < H ? lru[first + u] : std::int16_t{0};
           }
-          // A copy pass 4 overwrites: it brings the row's LRU into the cache
-          // while slot_rows loads, for pass 4 to read again.
+          // Copied into the scratch that pass 4 overwrites: the copy is never
+          // read, but its loads, issued with slot_rows', bring the row's lru
+          // into the cache, where pass 4 reads it again.
           for (int u = 0; u < S; ++u) {
             if (first + u < H) s.lru[first + u] = old_order[u];
           }
