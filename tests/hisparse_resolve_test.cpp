@@ -471,6 +471,121 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtProductionWidth) {
   run_random_steps(rig, shape, state, 3, rng, true);
 }
 
+TEST_P(HiSparseResolveTest, BlockSizesThatAreNotPowersOfTwo) {
+  // The kernel shifts and masks by power-of-two block sizes and divides by
+  // the others: source, resident and hot blocks of 12, 12 and 24 rows.
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(14);
+  auto stream = device->create_stream();
+  Shape shape;
+  shape.block_size = 12;
+  shape.hot_slots = 100;
+  shape.resident = true;
+  HiSparseTables t = make_tables(shape, rng);
+  t.hot_block_size = 24;
+  t.hot_blocks_per_row = (t.hot_slots + t.hot_block_size - 1) / t.hot_block_size;
+  t.attention_block_stride = 40;
+  HiSparseState state(shape.states, t.hot_slots);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  run_random_steps(rig, shape, state, 6, rng, true);
+}
+
+// The kernel packs entry indices, miss numbers and slot + 1 into 15 and 16
+// bits of its set words (core/kernels/hisparse_resolve.hpp): these two tests
+// run the largest values the op accepts (H = 32768, K = H).
+
+TEST_P(HiSparseResolveTest, KernelMatchesModelWithTheLargestSlotIds) {
+  // H = 32768 with a reversed LRU: the first loads take slots 32767, 32766,
+  // ..., so later steps hit slots whose id + 1 is 2^15.
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(12);
+  auto stream = device->create_stream();
+  Shape shape;
+  shape.top_k = 512;
+  shape.hot_slots = hisparse_max_hot_slots;
+  shape.requests = shape.states = 2;
+  shape.blocks = 32;
+  shape.block_size = 64;
+  const HiSparseTables t = make_tables(shape, rng);
+  HiSparseState state(shape.states, t.hot_slots);
+  for (std::int32_t s = 0; s < shape.states; ++s) {
+    for (std::int32_t p = 0; p < t.hot_slots; ++p) {
+      state.lru[std::size_t(s) * t.hot_slots + p] = static_cast<std::int16_t>(t.hot_slots - 1 - p);
+    }
+  }
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  // A cold step, then the same selections again: every slot it loaded,
+  // 32767 first, is a hit.
+  const std::vector<std::vector<std::int32_t>> selections{next_selection(t, {}, 0, rng), next_selection(t, {}, 0, rng)};
+  const HiSparseStep step = make_step(t, {0, 1}, {0, 1}, selections);
+  for (int pass = 0; pass < 2; ++pass) {
+    const HiSparseResult got = rig.run(step);
+    const HiSparseResult want = reference::resolve_model(t, step, state);
+    expect_same(got, want, t.top_k);
+    expect_same_state(rig.state(), state);
+    if (pass == 1) {
+      EXPECT_EQ(want.misses, 0u);
+    }
+  }
+  EXPECT_GE(state.slot_rows[std::size_t(t.hot_slots - 1)], 0);
+  run_random_steps(rig, shape, state, 4, rng, true);
+}
+
+TEST_P(HiSparseResolveTest, KernelMatchesModelAtTheLargestTopK) {
+  // K = H = 32768. A cold step loads 32768 distinct rows (entries and miss
+  // numbers up to 32767, set positions up to 65535); it is checked in closed
+  // form, as the scalar model is quadratic in K. Then a step of 1024 rows of
+  // the first (hits) and 1024 new ones (misses), each selected many times
+  // across all K entries, against the model.
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(13);
+  auto stream = device->create_stream();
+  Shape shape;
+  shape.top_k = shape.hot_slots = hisparse_max_hot_slots;
+  shape.requests = shape.states = 1;
+  shape.blocks = 1024;
+  shape.block_size = 64;
+  const HiSparseTables t = make_tables(shape, rng);
+  const std::int32_t K = t.top_k;
+  HiSparseState state(1, t.hot_slots);
+  HiSparseRig rig(*device, *stream, t, state, 1, 16, hot_cache_blocks(t, 1), rng);
+
+  // Positions [0, K) are all in the pool: entry m is the m-th miss and takes
+  // slot m (a cold LRU is 0 .. H - 1), and with K = H the LRU stays as it is.
+  std::vector<std::int32_t> cold = iota_vec(K);
+  std::shuffle(cold.begin(), cold.end(), rng);
+  const HiSparseStep first = make_step(t, {0}, {0}, {cold});
+  const HiSparseResult got = rig.run(first);
+  ASSERT_EQ(got.swap_counts, std::vector<std::int32_t>{K});
+  ASSERT_EQ(got.valid_counts, std::vector<std::int32_t>{K});
+  for (std::int32_t m = 0; m < K; ++m) {
+    const std::int32_t g = reference::model_host_row(t, 0, cold[std::size_t(m)]);
+    const std::int32_t x = reference::model_hot_row(t, first, 0, m);
+    ASSERT_GE(g, 0);
+    ASSERT_EQ(got.resolved_rows[std::size_t(m)], g) << m;
+    ASSERT_EQ(got.hot_indices[std::size_t(m)], x) << m;
+    ASSERT_EQ(got.attention_indices[std::size_t(m)], reference::model_attention_index(t, x)) << m;
+    ASSERT_EQ(got.miss_mask[std::size_t(m)], 1) << m;
+    ASSERT_EQ(got.swap_host_rows[std::size_t(m)], g) << m;
+    ASSERT_EQ(got.swap_device_rows[std::size_t(m)], x) << m;
+    state.slot_rows[std::size_t(m)] = g;
+  }
+  expect_same_state(rig.state(), state);
+
+  std::vector<std::int32_t> rows(cold.begin(), cold.begin() + 1024);
+  for (std::int32_t i = 0; i < 1024; ++i) rows.push_back(K + static_cast<std::int32_t>(rng() % std::uint64_t(K)));
+  std::vector<std::int32_t> mixed(static_cast<std::size_t>(K));
+  for (auto& tok : mixed) tok = rng() % 16 == 0 ? -1 : rows[rng() % rows.size()];
+  const HiSparseStep second = make_step(t, {0}, {0}, {mixed});
+  const HiSparseResult got2 = rig.run(second);
+  const HiSparseResult want2 = reference::resolve_model(t, second, state);
+  expect_same(got2, want2, K);
+  expect_same_state(rig.state(), state);
+  EXPECT_GT(want2.hits, 0u);
+  EXPECT_GT(want2.misses, 0u);
+  expect_slots_hold_host_rows(rig, state);
+}
+
 TEST_P(HiSparseResolveTest, RejectedCallsNameTheArgumentAndWriteNothing) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(10);

@@ -2,26 +2,45 @@
 // row's logical top-k against the hot slots of its state row.
 //
 // The row's distinct host rows go into a team-scratch hash set (open
-// addressing, 2K entries, so it is at most half full). The LRU walk, the miss
-// numbering and the LRU rewrite are team-parallel passes joined by prefix
-// sums (parallel_scan over TeamThreadRange), so a GPU team spreads the 4096
-// slots of a production row over its threads; on the host a team is one
-// thread and the same passes run as plain loops.
+// addressing, 2K positions, so it is at most half full). One 32-bit word per
+// position packs what the passes know about a key (hisparse::empty_word and
+// below): its first top-k entry, then the hot slot that holds it or, for a
+// key that misses, its miss number. With the host row of each entry, each
+// entry's hash position, the new LRU order and one hit bit per slot, a
+// production row (K = 2048, H = 4096) needs 37,632 bytes of scratch: it fits
+// the 40,936 bytes of level-0 (shared memory) scratch that a Kokkos 4.6 CUDA
+// team can have, so every probe and atomic stays on the chip. Larger shapes
+// run the same code from level-1 (global) scratch.
+//
+// On a GPU one team resolves a row alone, so the row's time is its chain of
+// dependent global loads and barriers. Each pass gives a thread fixed groups
+// of entries (4) or slots (8), one group per thread of a 512-thread team at
+// K = 2048, H = 4096, and issues a group's global loads before it uses any
+// of them; the prefix sums run over groups, and the LRU walk and the miss
+// numbering share one. On the host a team is one thread and the same passes
+// run as loops.
 //
 // Passes (barriers between them):
-//   1. map every entry to its host row g and its resident row; write the
-//      resolved rows, the resident and invalid outputs and the valid count.
-//      A row with nothing left to look up returns here (its LRU untouched).
-//   2. insert the pending host rows into the hash set; each key remembers
-//      the first top-k entry that selected it (duplicates collapse to it).
-//   3. walk the slots: a slot whose host row is in the set is a hit (and
-//      owns that key); a prefix sum places hits forward and evictable slots
-//      backward in `order`, both in LRU order.
-//   4. a prefix sum over the entries numbers the distinct misses; miss m takes
-//      the m-th oldest evictable slot and appends (host row, hot row) to the
-//      swap list.
-//   5. write the hot and attention rows of every pending entry, and the new
-//      LRU order: untouched evictable, newly loaded, hits.
+//   1. map_entries: map every entry to its host row g and its resident row;
+//      write the resolved rows, the resident and invalid outputs and the
+//      valid count; clear the set; cache the row's hot block table. A row
+//      with nothing left to look up returns here (its LRU untouched), and so
+//      does a padding row, mapped as a row whose request is outside the
+//      tables (all -1, counts 0).
+//   2. build_set: insert the pending host rows; each key keeps the first top-k
+//      entry that selected it (duplicates collapse to it).
+//   3. classify_slots: by slot index (coalesced slot_rows reads), a slot whose
+//      host row is in the set is a hit and its key records the slot. The
+//      same loads read the row's old LRU order, so that pass 4 finds it in
+//      the cache.
+//   4. order_slots: one prefix sum over LRU groups (hits before each) and
+//      entry groups (misses before each). Each LRU position moves to its new
+//      place (untouched evictable, newly loaded in miss order, hits), and the
+//      first entry of each missing key gives the key its miss number m.
+//   5. write_results: the hot and attention rows of every pending entry
+//      (miss m takes the m-th oldest evictable slot, which is where step 4
+//      put it in the new order); the first entry of each miss appends the
+//      swap pair and sets the slot's host row; the new LRU order is stored.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -33,39 +52,81 @@ namespace sparse_mla::kernels {
 
 namespace hisparse {
 
-constexpr std::int32_t done = -1;       // entry needs no slot (resident, invalid)
-constexpr std::int32_t empty_key = -1;  // free hash position
+constexpr std::int32_t done = -1;  // entry needs no slot (resident, invalid)
 
-// Knuth's multiplicative hash.
+// The set's words. A position is empty_word, or holds a key: bits 0-14 are
+// the first entry j that selected it (pass 2: atomic min); bits 16-31 are
+// 0, then slot + 1 once a hit slot holds the key (pass 3: atomic max, so a
+// state that held a row in two slots still resolves deterministically).
+// Pass 4 sets miss_flag on a key that no slot holds and puts its miss number
+// m in bits 16-31. The key itself is host_rows[j].
+// The packing needs K <= H <= hisparse_max_hot_slots (2^15): j, m < 2^15,
+// slot + 1 <= 2^15, hash positions < 2K <= 2^16. check_resolve refuses other
+// shapes with a message naming hot_slots.
+constexpr std::uint32_t empty_word = 0xFFFFFFFFu;
+constexpr std::uint32_t entry_bits = 0x7FFFu;
+constexpr std::uint32_t miss_flag = 0x8000u;
+static_assert(hisparse_max_hot_slots <= 32768, "entries, slots and miss numbers must fit the packed set words");
+
+constexpr int entries_per_group = 4;
+constexpr int slots_per_group = 8;  // one byte of hit flags
+// Up to this many hot blocks per row (H / hot_block_size) are cached in
+// scratch by pass 1, so the last pass maps slots to hot rows without global loads.
+constexpr std::int32_t max_cached_hot_blocks = 1024;
+
+KOKKOS_INLINE_FUNCTION std::int32_t groups(std::int32_t n, std::int32_t per_group) {
+  return (n + per_group - 1) / per_group;
+}
+
+// Splits a non-negative position into (block, offset): a shift and a mask
+// when the block size is a power of two (every production table), else a
+// division, about twenty instructions.
+struct BlockSplit {
+  std::int32_t size;
+  std::int32_t shift;  // log2(size), or -1
+
+  static BlockSplit of(std::int32_t size) { return BlockSplit{size, exact_log2(size)}; }
+  KOKKOS_INLINE_FUNCTION std::int32_t block(std::int32_t x) const { return shift >= 0 ? x >> shift : x / size; }
+  KOKKOS_INLINE_FUNCTION std::int32_t offset(std::int32_t x) const {
+    return shift >= 0 ? x & ((std::int32_t{1} << shift) - 1) : x % size;
+  }
+};
+
+// Knuth's multiplicative hash, scaled to [0, size) by its high bits.
 KOKKOS_INLINE_FUNCTION std::int32_t hash_position(std::int32_t key, std::int32_t size) {
-  return static_cast<std::int32_t>((static_cast<std::uint32_t>(key) * 2654435761u) % static_cast<std::uint32_t>(size));
+  const std::uint32_t mixed = static_cast<std::uint32_t>(key) * 2654435761u;
+  return static_cast<std::int32_t>((static_cast<std::uint64_t>(mixed) * static_cast<std::uint32_t>(size)) >> 32);
 }
 
 // The team's scratch arrays, carved from one allocation.
 struct ResolveScratch {
-  std::int32_t* entry;    // [K]: host row (pass 1), then its hash position (pass 2), or done
-  std::int32_t* keys;     // [2K]: host rows of the set
-  std::int32_t* first;    // [2K]: first top-k entry selecting the key
-  std::int32_t* slot_of;  // [2K]: hot slot serving the key (hit or newly loaded), -1 before
-  std::int32_t* totals;   // [2]: hit slots, misses
-  std::int16_t* order;    // [H]: hit slots forward from 0, evictable slots backward from H-1
-  std::uint8_t* hit;      // [H]: slot at LRU position p is a hit
+  std::uint32_t* words;      // [2K]: the hash set
+  std::int32_t* host_rows;   // [K]: host row of entry j when it needs a slot, else done
+  std::int32_t* hot_blocks;  // [cached]: the row's hot block table, or unused (cached = 0)
+  std::uint16_t* position;   // [K]: hash position of entry j (entries that need a slot)
+  std::int16_t* lru;         // [H]: the new LRU order (pass 4); pass 3 copies the old one here
+  std::uint8_t* hit_flags;   // [ceil(H / 8)]: bit s % 8 of byte s / 8 is set when slot s is a hit
 
-  KOKKOS_INLINE_FUNCTION static std::size_t bytes(std::int32_t top_k, std::int32_t hot_slots) {
-    const std::size_t k = static_cast<std::size_t>(top_k), h = static_cast<std::size_t>(hot_slots);
-    return 4 * (k + 3 * 2 * k + 2) + 2 * h + h + 16;
+  // Hot block table entries cached per row: all of the row's, or 0.
+  KOKKOS_INLINE_FUNCTION static std::int32_t cached_hot_blocks(std::int32_t hot_slots, std::int32_t hot_block_size) {
+    const std::int32_t blocks = groups(hot_slots, hot_block_size);
+    return blocks <= max_cached_hot_blocks ? blocks : 0;
   }
-  KOKKOS_INLINE_FUNCTION static ResolveScratch carve(void* base, std::int32_t top_k) {
+  KOKKOS_INLINE_FUNCTION static std::size_t bytes(std::int32_t top_k, std::int32_t hot_slots, std::int32_t cached) {
+    const std::size_t k = static_cast<std::size_t>(top_k), h = static_cast<std::size_t>(hot_slots);
+    return 4 * (3 * k + static_cast<std::size_t>(cached)) + 2 * (k + h) + (h + 7) / 8;
+  }
+  KOKKOS_INLINE_FUNCTION static ResolveScratch carve(void* base, std::int32_t top_k, std::int32_t hot_slots,
+                                                     std::int32_t cached) {
     ResolveScratch s;
-    s.entry = static_cast<std::int32_t*>(base);
-    s.keys = s.entry + top_k;
-    s.first = s.keys + 2 * top_k;
-    s.slot_of = s.first + 2 * top_k;
-    s.totals = s.slot_of + 2 * top_k;
-    s.order = reinterpret_cast<std::int16_t*>(s.totals + 2);
+    s.words = static_cast<std::uint32_t*>(base);
+    s.host_rows = reinterpret_cast<std::int32_t*>(s.words + 2 * top_k);
+    s.hot_blocks = s.host_rows + top_k;
+    s.position = reinterpret_cast<std::uint16_t*>(s.hot_blocks + cached);
+    s.lru = reinterpret_cast<std::int16_t*>(s.position + top_k);
+    s.hit_flags = reinterpret_cast<std::uint8_t*>(s.lru + hot_slots);
     return s;
   }
-  KOKKOS_INLINE_FUNCTION void place_hit_flags(std::int32_t hot_slots) { hit = reinterpret_cast<std::uint8_t*>(order + hot_slots); }
 };
 
 }  // namespace hisparse
@@ -73,37 +134,53 @@ struct ResolveScratch {
 template <class Space>
 struct HiSparseResolve {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
+  static constexpr int E = hisparse::entries_per_group;
+  static constexpr int S = hisparse::slots_per_group;
   HiSparseResolveArgs a;
   int scratch_level;
+  std::int32_t cached_blocks;  // hot block table entries cached in scratch per row
+  hisparse::BlockSplit source_split, resident_split, hot_split;  // by a.source_block_size, ...
 
   KOKKOS_INLINE_FUNCTION std::int32_t hash_size() const { return 2 * a.top_k; }
+  KOKKOS_INLINE_FUNCTION std::int32_t next_position(std::int32_t h) const { return h + 1 == hash_size() ? 0 : h + 1; }
+  KOKKOS_INLINE_FUNCTION std::int32_t entry_groups() const { return hisparse::groups(a.top_k, E); }
+  KOKKOS_INLINE_FUNCTION std::int32_t slot_groups() const { return hisparse::groups(a.hot_slots, S); }
 
-  // Host row of request-relative position `tok`, or -1 (SPEC section 5, step 1).
-  KOKKOS_INLINE_FUNCTION std::int32_t host_row(std::int32_t request, std::int32_t tok) const {
+  // The host row of request-relative position `tok` (SPEC section 5, step 1)
+  // in two steps, so that a group issues all its table loads before it uses
+  // one: the source block table entry (-1 when `tok` is outside the table),
+  // then the host row (-1 for a negative block or a row outside the pool).
+  KOKKOS_INLINE_FUNCTION std::int32_t source_block(std::int32_t request, std::int32_t tok) const {
     if (tok < 0 || request < 0 || request >= a.source_num_requests) return -1;
-    const std::int32_t block = tok / a.source_block_size;
-    if (block >= a.source_blocks_per_request) return -1;
-    const std::int32_t physical = a.source_block_table[request * a.source_table_stride + block];
+    const std::int32_t block = source_split.block(tok);
+    return block < a.source_blocks_per_request ? a.source_block_table[request * a.source_table_stride + block] : -1;
+  }
+  KOKKOS_INLINE_FUNCTION std::int32_t host_row(std::int32_t physical, std::int32_t tok) const {
     if (physical < 0) return -1;
-    const std::int64_t g = static_cast<std::int64_t>(physical) * a.source_block_size + tok % a.source_block_size;
+    const std::int64_t g = static_cast<std::int64_t>(physical) * a.source_block_size + source_split.offset(tok);
     return g < a.host_rows ? static_cast<std::int32_t>(g) : -1;
   }
 
-  // Device row of `tok` when its page is resident, else -1.
-  KOKKOS_INLINE_FUNCTION std::int32_t resident_row(std::int32_t request, std::int32_t tok) const {
+  // The same for the device row of `tok` when its page is resident (else -1).
+  KOKKOS_INLINE_FUNCTION std::int32_t resident_block(std::int32_t request, std::int32_t tok) const {
     if (a.resident_block_table == nullptr || tok < 0 || request < 0 || request >= a.resident_num_requests) return -1;
-    const std::int32_t block = tok / a.resident_block_size;
-    if (block >= a.resident_blocks_per_request) return -1;
-    const std::int32_t physical = a.resident_block_table[request * a.resident_table_stride + block];
+    const std::int32_t block = resident_split.block(tok);
+    return block < a.resident_blocks_per_request ? a.resident_block_table[request * a.resident_table_stride + block]
+                                                 : -1;
+  }
+  KOKKOS_INLINE_FUNCTION std::int32_t resident_row(std::int32_t physical, std::int32_t tok) const {
     if (physical < 0 || physical == a.resident_null_block) return -1;
     return static_cast<std::int32_t>(static_cast<std::int64_t>(physical) * a.resident_block_size +
-                                     tok % a.resident_block_size);
+                                     resident_split.offset(tok));
   }
 
-  // `row` is the batch row, or the state row with hot_table_by_state.
-  KOKKOS_INLINE_FUNCTION std::int32_t hot_row(std::int64_t row, std::int32_t slot) const {
-    const std::int32_t block = a.hot_block_table[row * a.hot_table_stride + slot / a.hot_block_size];
-    return static_cast<std::int32_t>(static_cast<std::int64_t>(block) * a.hot_block_size + slot % a.hot_block_size);
+  // Hot row of `slot`; `row` is the batch row, or the state row with
+  // hot_table_by_state. Reads the scratch copy of the table when there is one.
+  KOKKOS_INLINE_FUNCTION std::int32_t hot_row(const hisparse::ResolveScratch& s, std::int64_t row,
+                                              std::int32_t slot) const {
+    const std::int32_t b = hot_split.block(slot);
+    const std::int32_t block = cached_blocks > 0 ? s.hot_blocks[b] : a.hot_block_table[row * a.hot_table_stride + b];
+    return static_cast<std::int32_t>(static_cast<std::int64_t>(block) * a.hot_block_size + hot_split.offset(slot));
   }
 
   // Writes the hot row of entry j and its attention index.
@@ -112,59 +189,131 @@ struct HiSparseResolve {
     if (a.attention_indices != nullptr) {
       a.attention_indices[row * a.attention_stride + j] =
           x < 0 ? -1
-                : static_cast<std::int32_t>((x / a.hot_block_size) * a.attention_block_stride + x % a.hot_block_size);
+                : static_cast<std::int32_t>(hot_split.block(x) * a.attention_block_stride + hot_split.offset(x));
     }
   }
 
-  KOKKOS_INLINE_FUNCTION std::int32_t find(const hisparse::ResolveScratch& s, std::int32_t g) const {
-    std::int32_t h = hisparse::hash_position(g, hash_size());
-    while (true) {
-      const std::int32_t key = s.keys[h];
-      if (key == g) return h;
-      if (key == hisparse::empty_key) return -1;
-      h = h + 1 == hash_size() ? 0 : h + 1;
+  // Looks up N host rows together, one probe of each per round, so that
+  // their scratch loads overlap. h[u]: the key's position, or -1 (g[u] < 0,
+  // or not in the set); w[u]: its word.
+  template <int N>
+  KOKKOS_INLINE_FUNCTION void find_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
+                                        std::int32_t (&h)[N], std::uint32_t (&w)[N]) const {
+    bool open[N];
+    bool any = false;
+    for (int u = 0; u < N; ++u) {
+      open[u] = g[u] >= 0;
+      h[u] = open[u] ? hisparse::hash_position(g[u], hash_size()) : -1;
+      w[u] = hisparse::empty_word;
+      any = any || open[u];
+    }
+    while (any) {
+      any = false;
+      std::uint32_t probe[N];
+      std::int32_t key[N];
+      for (int u = 0; u < N; ++u) probe[u] = open[u] ? s.words[h[u]] : hisparse::empty_word;
+      for (int u = 0; u < N; ++u) {
+        key[u] = s.host_rows[probe[u] == hisparse::empty_word ? 0 : probe[u] & hisparse::entry_bits];
+      }
+      for (int u = 0; u < N; ++u) {
+        if (!open[u]) continue;
+        if (probe[u] == hisparse::empty_word) {
+          h[u] = -1;
+          open[u] = false;
+        } else if (key[u] == g[u]) {
+          w[u] = probe[u];
+          open[u] = false;
+        } else {
+          h[u] = next_position(h[u]);
+          any = true;
+        }
+      }
     }
   }
 
-  KOKKOS_INLINE_FUNCTION std::int32_t insert(const hisparse::ResolveScratch& s, std::int32_t g) const {
-    std::int32_t h = hisparse::hash_position(g, hash_size());
-    while (true) {
-      const std::int32_t old = Kokkos::atomic_compare_exchange(&s.keys[h], hisparse::empty_key, g);
-      if (old == hisparse::empty_key || old == g) return h;
-      h = h + 1 == hash_size() ? 0 : h + 1;
+  // Inserts N host rows (entries j[u]; g[u] < 0: none) together. h[u]: the
+  // key's position. Returns how many keys this call added to the set.
+  template <int N>
+  KOKKOS_INLINE_FUNCTION std::int32_t insert_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
+                                                  const std::int32_t (&j)[N], std::int32_t (&h)[N]) const {
+    const std::uint32_t empty = hisparse::empty_word;
+    bool open[N];
+    bool any = false;
+    std::int32_t added = 0;
+    for (int u = 0; u < N; ++u) {
+      open[u] = g[u] >= 0;
+      h[u] = open[u] ? hisparse::hash_position(g[u], hash_size()) : -1;
+      any = any || open[u];
     }
+    while (any) {
+      any = false;
+      std::uint32_t old[N];
+      std::int32_t key[N];
+      for (int u = 0; u < N; ++u) {
+        old[u] = open[u] ? Kokkos::atomic_compare_exchange(&s.words[h[u]], empty, static_cast<std::uint32_t>(j[u])) : empty;
+      }
+      // In this pass a word is empty or an entry index.
+      for (int u = 0; u < N; ++u) key[u] = s.host_rows[old[u] == empty ? 0 : old[u]];
+      for (int u = 0; u < N; ++u) {
+        if (!open[u]) continue;
+        if (old[u] == empty) {
+          ++added;
+          open[u] = false;
+        } else if (key[u] == g[u]) {
+          if (static_cast<std::uint32_t>(j[u]) < old[u]) Kokkos::atomic_fetch_min(&s.words[h[u]], static_cast<std::uint32_t>(j[u]));
+          open[u] = false;
+        } else {
+          h[u] = next_position(h[u]);
+          any = true;
+        }
+      }
+    }
+    return added;
   }
 
-  KOKKOS_INLINE_FUNCTION void padding_row(const member_type& team, std::int64_t row) const {
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, a.top_k), [&](const std::int32_t j) {
-      store(row, j, -1);
-      if (a.resolved_rows != nullptr) a.resolved_rows[row * a.out_stride + j] = -1;
-      if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 0;
-    });
-    Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      if (a.valid_counts != nullptr) a.valid_counts[row] = 0;
-      a.swap_counts[row] = 0;
-    });
-  }
-
-  // Pass 1. Returns the number of entries that need a hot slot.
+  // Pass 1. Returns the number of entries that need a hot slot. Group i
+  // holds entries i, i + G, ... (coalesced loads). `request` -1 maps every
+  // entry to -1; `cached` hot block table entries are copied to scratch.
   KOKKOS_INLINE_FUNCTION std::int32_t map_entries(const member_type& team, const hisparse::ResolveScratch& s,
-                                                  std::int64_t row) const {
-    const std::int32_t request = a.request_ids[row];
+                                                  std::int64_t row, std::int32_t request, std::int64_t hot_table_row,
+                                                  std::int32_t cached) const {
     const std::int32_t* in = a.logical + row * a.logical_stride;
+    const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
+    const std::int32_t K = a.top_k;
+    const std::int32_t G = entry_groups();
     long long counts = 0;  // valid entries in the low 32 bits, pending entries in the high
     Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(team, a.top_k),
-        [&](const std::int32_t j, long long& sum) {
-          const std::int32_t tok = in[j];
-          const std::int32_t g = host_row(request, tok);
-          const std::int32_t resident = resident_row(request, tok);
-          if (a.resolved_rows != nullptr) a.resolved_rows[row * a.out_stride + j] = g;
-          if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 0;
-          const bool pending = resident < 0 && g >= 0;
-          if (!pending) store(row, j, resident);
-          s.entry[j] = pending ? g : hisparse::done;
-          sum += (resident >= 0 || g >= 0 ? 1LL : 0LL) + (pending ? (1LL << 32) : 0LL);
+        Kokkos::TeamThreadRange(team, G),
+        [&](const std::int32_t i, long long& sum) {
+          std::int32_t tok[E], g[E], resident[E];
+          for (int u = 0; u < E; ++u) {
+            const std::int32_t j = i + u * G;
+            tok[u] = j < K ? in[j] : -1;
+          }
+          // While the loads are in flight: clear the set, copy the hot block table.
+          for (std::int32_t h = i; h < hash_size(); h += G) s.words[h] = hisparse::empty_word;
+          for (std::int32_t b = i; b < cached; b += G) s.hot_blocks[b] = hot_table[b];
+          for (int u = 0; u < E; ++u) {
+            g[u] = source_block(request, tok[u]);
+            resident[u] = resident_block(request, tok[u]);
+          }
+          for (int u = 0; u < E; ++u) {
+            g[u] = host_row(g[u], tok[u]);
+            resident[u] = resident_row(resident[u], tok[u]);
+          }
+          for (int u = 0; u < E; ++u) {
+            const std::int32_t j = i + u * G;
+            if (j >= K) break;
+            if (a.resolved_rows != nullptr) a.resolved_rows[row * a.out_stride + j] = g[u];
+            const bool pending = resident[u] < 0 && g[u] >= 0;
+            if (!pending) {
+              store(row, j, resident[u]);
+              if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 0;
+            }
+            s.host_rows[j] = pending ? g[u] : hisparse::done;
+            s.position[j] = 0;  // pass 2 sets it for pending entries
+            sum += (resident[u] >= 0 || g[u] >= 0 ? 1LL : 0LL) + (pending ? (1LL << 32) : 0LL);
+          }
         },
         counts);
     Kokkos::single(Kokkos::PerTeam(team), [&]() {
@@ -173,107 +322,182 @@ struct HiSparseResolve {
     return static_cast<std::int32_t>(counts >> 32);
   }
 
-  // Pass 2.
-  KOKKOS_INLINE_FUNCTION void build_set(const member_type& team, const hisparse::ResolveScratch& s) const {
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, hash_size()), [&](const std::int32_t h) {
-      s.keys[h] = hisparse::empty_key;
-      s.first[h] = a.top_k;
-      s.slot_of[h] = -1;
-    });
-    team.team_barrier();
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, a.top_k), [&](const std::int32_t j) {
-      if (s.entry[j] == hisparse::done) return;
-      const std::int32_t h = insert(s, s.entry[j]);
-      Kokkos::atomic_fetch_min(&s.first[h], j);
-      s.entry[j] = h;
-    });
-    team.team_barrier();
+  // Pass 2. Returns the number of distinct host rows.
+  KOKKOS_INLINE_FUNCTION std::int32_t build_set(const member_type& team, const hisparse::ResolveScratch& s) const {
+    const std::int32_t K = a.top_k;
+    const std::int32_t G = entry_groups();
+    std::int32_t distinct = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(team, G),
+        [&](const std::int32_t i, std::int32_t& sum) {
+          std::int32_t j[E], g[E], h[E];
+          for (int u = 0; u < E; ++u) {
+            j[u] = i + u * G;
+            g[u] = j[u] < K ? s.host_rows[j[u]] : hisparse::done;
+          }
+          sum += insert_keys(s, g, j, h);
+          for (int u = 0; u < E; ++u) {
+            if (g[u] >= 0) s.position[j[u]] = static_cast<std::uint16_t>(h[u]);
+          }
+        },
+        distinct);
+    return distinct;
   }
 
-  // Pass 3.
-  KOKKOS_INLINE_FUNCTION void classify_slots(const member_type& team, const hisparse::ResolveScratch& s,
-                                             const std::int32_t* slot_rows, const std::int16_t* lru) const {
+  // Pass 3. Group i holds slots 8i .. 8i + 7 and LRU positions 8i .. 8i + 7.
+  // Returns the hit slots in the low 32 bits, the keys they hold in the high.
+  KOKKOS_INLINE_FUNCTION long long classify_slots(const member_type& team, const hisparse::ResolveScratch& s,
+                                                  const std::int32_t* slot_rows, const std::int16_t* lru) const {
     const std::int32_t H = a.hot_slots;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, H), [&](const std::int32_t p) {
-      const std::int32_t slot = lru[p];
-      const std::int32_t g = slot_rows[slot];
-      const std::int32_t h = g >= 0 ? find(s, g) : -1;
-      if (h >= 0) s.slot_of[h] = slot;
-      s.hit[p] = h >= 0 ? 1 : 0;
-    });
-    team.team_barrier();
-    Kokkos::parallel_scan(Kokkos::TeamThreadRange(team, H), [&](const std::int32_t p, std::int32_t& hits_before,
+    long long counts = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(team, slot_groups()),
+        [&](const std::int32_t i, long long& sum) {
+          const std::int32_t first = i * S;
+          std::int32_t g[S];
+          std::int16_t old_order[S];
+          for (int u = 0; u < S; ++u) {
+            g[u] = first + u < H ? slot_rows[first + u] : -1;
+            old_order[u] = first + u < H ? lru[first + u] : std::int16_t{0};
+          }
+          // Copied into the scratch that pass 4 overwrites: the copy is never
+          // read, but its loads, issued with slot_rows', bring the row's lru
+          // into the cache, where pass 4 reads it again.
+          for (int u = 0; u < S; ++u) {
+            if (first + u < H) s.lru[first + u] = old_order[u];
+          }
+          std::int32_t h[S];
+          std::uint32_t w[S];
+          find_keys(s, g, h, w);
+          std::uint32_t flags = 0;
+          long long found = 0;
+          for (int u = 0; u < S; ++u) {
+            if (h[u] < 0) continue;
+            const std::uint32_t slot_word = (static_cast<std::uint32_t>(first + u + 1) << 16) | (w[u] & 0xFFFFu);
+            const std::uint32_t old = Kokkos::atomic_fetch_max(&s.words[h[u]], slot_word);
+            flags |= 1u << u;
+            found += 1 + ((old >> 16) == 0 ? (1LL << 32) : 0LL);
+          }
+          s.hit_flags[i] = static_cast<std::uint8_t>(flags);
+          sum += found;
+        },
+        counts);
+    return counts;
+  }
+
+  // Pass 4. Scan element i is LRU positions 8i .. 8i + 7 and entries
+  // 4i .. 4i + 3; the prefix holds hits before in the low 32 bits, misses
+  // before in the high.
+  KOKKOS_INLINE_FUNCTION void order_slots(const member_type& team, const hisparse::ResolveScratch& s,
+                                          const std::int16_t* lru, std::int32_t hits, std::int32_t misses) const {
+    const std::int32_t H = a.hot_slots, K = a.top_k;
+    const std::int32_t position_groups = slot_groups(), entry_group_count = entry_groups();
+    const std::int32_t untouched = H - hits - misses;
+    const std::int32_t n = position_groups > entry_group_count ? position_groups : entry_group_count;
+    Kokkos::parallel_scan(Kokkos::TeamThreadRange(team, n), [&](const std::int32_t i, long long& before,
                                                                  const bool final) {
-      const std::int32_t is_hit = s.hit[p];
-      if (final) {
-        const std::int16_t slot = lru[p];
-        if (is_hit) {
-          s.order[hits_before] = slot;
-        } else {
-          s.order[H - 1 - (p - hits_before)] = slot;
+      long long add = 0;
+      if (i < position_groups) {
+        const std::int32_t first = i * S;
+        std::int16_t slot[S];
+        for (int u = 0; u < S; ++u) slot[u] = first + u < H ? lru[first + u] : std::int16_t{0};
+        bool hit[S];
+        for (int u = 0; u < S; ++u) {
+          hit[u] = first + u < H && ((s.hit_flags[slot[u] >> 3] >> (slot[u] & 7)) & 1) != 0;
+          add += hit[u] ? 1 : 0;
         }
-        if (p == H - 1) s.totals[0] = hits_before + is_hit;
-      }
-      hits_before += is_hit;
-    });
-    team.team_barrier();
-  }
-
-  KOKKOS_INLINE_FUNCTION bool is_miss(const hisparse::ResolveScratch& s, std::int32_t j) const {
-    const std::int32_t h = s.entry[j];
-    return h != hisparse::done && s.first[h] == j && s.slot_of[h] < 0;
-  }
-
-  // Pass 4.
-  KOKKOS_INLINE_FUNCTION void load_misses(const member_type& team, const hisparse::ResolveScratch& s,
-                                          std::int64_t row, std::int64_t hot_table_row, std::int32_t* slot_rows) const {
-    const std::int32_t H = a.hot_slots;
-    Kokkos::parallel_scan(Kokkos::TeamThreadRange(team, a.top_k), [&](const std::int32_t j, std::int32_t& misses_before,
-                                                                      const bool final) {
-      const bool miss = is_miss(s, j);
-      if (final) {
-        if (miss) {
-          const std::int32_t h = s.entry[j];
-          const std::int32_t slot = s.order[H - 1 - misses_before];
-          const std::int32_t g = s.keys[h];
-          s.slot_of[h] = slot;
-          slot_rows[slot] = g;
-          a.swap_host_rows[row * a.out_stride + misses_before] = g;
-          a.swap_device_rows[row * a.out_stride + misses_before] = hot_row(hot_table_row, slot);
-          if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 1;
+        if (final) {
+          std::int32_t hits_before = static_cast<std::int32_t>(before & 0xffffffffLL);
+          for (int u = 0; u < S && first + u < H; ++u) {
+            std::int32_t to;
+            if (hit[u]) {
+              to = H - hits + hits_before;  // hits, in old order
+              ++hits_before;
+            } else {
+              const std::int32_t e = first + u - hits_before;    // evictable rank
+              to = e >= misses ? e - misses : untouched + e;     // untouched, then newly loaded
+            }
+            s.lru[to < 0 ? 0 : to] = slot[u];  // to < 0 only if slot_rows held a row twice
+          }
         }
-        if (j == a.top_k - 1) s.totals[1] = misses_before + (miss ? 1 : 0);
       }
-      misses_before += miss ? 1 : 0;
+      if (i < entry_group_count) {
+        const std::int32_t first = i * E;
+        std::int32_t h[E];
+        bool miss[E];
+        std::int32_t count = 0;
+        for (int u = 0; u < E; ++u) h[u] = first + u < K ? s.position[first + u] : 0;
+        for (int u = 0; u < E; ++u) {
+          // The key's first entry, no slot and no miss number yet (a word is
+          // never an entry index that does not need a slot).
+          miss[u] = first + u < K && s.words[h[u]] == static_cast<std::uint32_t>(first + u);
+          count += miss[u] ? 1 : 0;
+        }
+        if (final) {
+          std::uint32_t m = static_cast<std::uint32_t>(before >> 32);
+          for (int u = 0; u < E; ++u) {
+            if (!miss[u]) continue;
+            s.words[h[u]] = (m << 16) | hisparse::miss_flag | static_cast<std::uint32_t>(first + u);
+            ++m;
+          }
+        }
+        add += static_cast<long long>(count) << 32;
+      }
+      before += add;
     });
-    team.team_barrier();
   }
 
   // Pass 5.
   KOKKOS_INLINE_FUNCTION void write_results(const member_type& team, const hisparse::ResolveScratch& s,
-                                            std::int64_t row, std::int64_t hot_table_row, std::int16_t* lru) const {
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, a.top_k), [&](const std::int32_t j) {
-      const std::int32_t h = s.entry[j];
-      if (h != hisparse::done) store(row, j, hot_row(hot_table_row, s.slot_of[h]));
-    });
-    const std::int32_t H = a.hot_slots;
-    const std::int32_t hits = s.totals[0];
-    const std::int32_t misses = s.totals[1];
+                                            std::int64_t row, std::int64_t hot_table_row, std::int32_t* slot_rows,
+                                            std::int16_t* lru, std::int32_t hits, std::int32_t misses) const {
+    const std::int32_t H = a.hot_slots, K = a.top_k;
+    const std::int32_t G = entry_groups();
     const std::int32_t untouched = H - hits - misses;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, H), [&](const std::int32_t p) {
-      if (p < untouched) {
-        lru[p] = s.order[H - 1 - misses - p];  // evictable slots misses.. in old order
-      } else if (p < untouched + misses) {
-        lru[p] = s.order[H - 1 - (p - untouched)];  // newly loaded, in miss order
-      } else {
-        lru[p] = s.order[p - untouched - misses];  // hits, in old order
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, G), [&](const std::int32_t i) {
+      // Scratch loads of the whole group first, then the global stores.
+      std::int32_t g[E], slot[E], m[E], x[E];
+      std::uint32_t w[E];
+      for (int u = 0; u < E; ++u) {
+        const std::int32_t j = i + u * G;
+        g[u] = j < K ? s.host_rows[j] : hisparse::done;
+        w[u] = s.words[j < K ? s.position[j] : 0];
+      }
+      for (int u = 0; u < E; ++u) {
+        const std::int32_t j = i + u * G;
+        m[u] = -1;  // miss number when entry j loads its key
+        slot[u] = -1;
+        if (g[u] < 0) continue;
+        if (w[u] & hisparse::miss_flag) {
+          const std::int32_t at = untouched + static_cast<std::int32_t>(w[u] >> 16);
+          slot[u] = s.lru[at < 0 ? 0 : at];  // at < 0 only if slot_rows held a row twice
+          if ((w[u] & hisparse::entry_bits) == static_cast<std::uint32_t>(j)) m[u] = static_cast<std::int32_t>(w[u] >> 16);
+        } else {
+          slot[u] = static_cast<std::int32_t>(w[u] >> 16) - 1;
+        }
+      }
+      for (int u = 0; u < E; ++u) x[u] = g[u] < 0 ? -1 : hot_row(s, hot_table_row, slot[u]);
+      for (int u = 0; u < E; ++u) {
+        const std::int32_t j = i + u * G;
+        if (g[u] < 0) continue;
+        store(row, j, x[u]);
+        if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = m[u] >= 0 ? 1 : 0;
+        if (m[u] >= 0) {
+          slot_rows[slot[u]] = g[u];
+          a.swap_host_rows[row * a.out_stride + m[u]] = g[u];
+          a.swap_device_rows[row * a.out_stride + m[u]] = x[u];
+        }
       }
     });
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, H), [&](const std::int32_t p) { lru[p] = s.lru[p]; });
     Kokkos::single(Kokkos::PerTeam(team), [&]() {
       a.swap_counts[row] = misses;
       if (a.hit_miss_counters != nullptr) {
-        Kokkos::atomic_add(&a.hit_miss_counters[0], static_cast<unsigned long long>(hits));
-        Kokkos::atomic_add(&a.hit_miss_counters[1], static_cast<unsigned long long>(misses));
+        // std::uint64_t: Kokkos 4.6 adds it with one red.add on CUDA, but
+        // unsigned long long with a compare-and-swap loop, which rows that
+        // finish together retry.
+        Kokkos::atomic_add(&a.hit_miss_counters[0], static_cast<std::uint64_t>(hits));
+        Kokkos::atomic_add(&a.hit_miss_counters[1], static_cast<std::uint64_t>(misses));
       }
     });
   }
@@ -282,27 +506,35 @@ struct HiSparseResolve {
     const std::int64_t row = team.league_rank();
     const std::int32_t state = a.request_state_indices != nullptr ? a.request_state_indices[row]
                                                                   : static_cast<std::int32_t>(row);
-    if (state < 0 || state >= a.num_state_rows) {
-      padding_row(team, row);
-      return;
-    }
-    hisparse::ResolveScratch s = hisparse::ResolveScratch::carve(
-        team.team_scratch(scratch_level).get_shmem(hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots)), a.top_k);
-    s.place_hit_flags(a.hot_slots);
-    const std::int32_t pending = map_entries(team, s, row);
+    const std::int32_t request = a.request_ids[row];  // loaded with the state, not after it
+    // A padding row goes through pass 1 as a row whose request is outside the
+    // tables: every output -1, counts 0, and it returns before its state.
+    const bool padding = state < 0 || state >= a.num_state_rows;
+    // Constant scratch levels: a level known only at run time makes Kokkos
+    // keep its scratch cursors in local memory.
+    const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached_blocks);
+    void* base = scratch_level == 0 ? team.team_scratch(0).get_shmem(bytes) : team.team_scratch(1).get_shmem(bytes);
+    const hisparse::ResolveScratch s = hisparse::ResolveScratch::carve(base, a.top_k, a.hot_slots, cached_blocks);
+    const std::int64_t hot_table_row = a.hot_table_by_state && !padding ? state : row;
+    const std::int32_t pending =
+        map_entries(team, s, row, padding ? -1 : request, hot_table_row, padding ? 0 : cached_blocks);
     if (pending == 0) {
-      // Nothing can consult the hot slots: leave the LRU as it is.
+      // Nothing can consult the hot slots (or a padding row): leave the LRU as it is.
       Kokkos::single(Kokkos::PerTeam(team), [&]() { a.swap_counts[row] = 0; });
       return;
     }
     team.team_barrier();
     std::int32_t* slot_rows = a.slot_rows + state * a.slot_rows_stride;
     std::int16_t* lru = a.lru + state * a.lru_stride;
-    const std::int64_t hot_table_row = a.hot_table_by_state ? state : row;
-    build_set(team, s);
-    classify_slots(team, s, slot_rows, lru);
-    load_misses(team, s, row, hot_table_row, slot_rows);
-    write_results(team, s, row, hot_table_row, lru);
+    const std::int32_t distinct = build_set(team, s);
+    team.team_barrier();
+    const long long found = classify_slots(team, s, slot_rows, lru);
+    team.team_barrier();
+    const std::int32_t hits = static_cast<std::int32_t>(found & 0xffffffffLL);
+    const std::int32_t misses = distinct - static_cast<std::int32_t>(found >> 32);
+    order_slots(team, s, lru, hits, misses);
+    team.team_barrier();
+    write_results(team, s, row, hot_table_row, slot_rows, lru, hits, misses);
   }
 };
 
@@ -310,13 +542,20 @@ template <class Space>
 void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
   if (a.num_rows == 0) return;
   using policy_type = Kokkos::TeamPolicy<Space>;
-  const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots);
-  // Production rows (K = 2048, H = 4096) need about 70 KB: shared memory on
-  // GPUs that allow it, else the level-1 (global) scratch.
+  const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(a.hot_slots, a.hot_block_size);
+  const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached);
+  // Production rows (K = 2048, H = 4096: 37,632 bytes) fit level-0 (shared
+  // memory) scratch; larger shapes take level-1 (global) scratch.
   const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
   policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(512));
   policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
-  Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy, HiSparseResolve<Space>{a, level});
+  const HiSparseResolve<Space> functor{a,
+                                       level,
+                                       cached,
+                                       hisparse::BlockSplit::of(a.source_block_size),
+                                       hisparse::BlockSplit::of(a.resident_block_size),
+                                       hisparse::BlockSplit::of(a.hot_block_size)};
+  Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy, functor);
 }
 
 }  // namespace sparse_mla::kernels

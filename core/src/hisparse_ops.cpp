@@ -10,7 +10,7 @@ namespace sparse_mla {
 namespace {
 
 constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
-constexpr std::int32_t max_hot_slots = 32768;  // slot ids are int16 in the LRU
+constexpr std::int32_t max_hot_slots = hisparse_max_hot_slots;  // int16 slot ids; the resolve kernel packs K and H into 15-16 bits
 
 // A block table: int32 [rows, blocks], rows packed, on the device.
 void check_table(const char* where, const char* name, const Tensor& table, const Device& device) {
@@ -163,7 +163,7 @@ void resolve_hisparse(Stream& stream, const HiSparseResolveInputs& in, const HiS
   a.valid_counts = data_or_null<std::int32_t>(out.valid_counts);
   a.swap_counts = out.swap_counts.data_as<std::int32_t>();
   // Counts never reach 2^63, so the int64 tensor holds them as unsigned.
-  a.hit_miss_counters = reinterpret_cast<unsigned long long*>(data_or_null<std::int64_t>(out.hit_miss_counters));
+  a.hit_miss_counters = reinterpret_cast<std::uint64_t*>(data_or_null<std::int64_t>(out.hit_miss_counters));
   a.num_rows = in.logical.dim(0);
   a.top_k = static_cast<std::int32_t>(in.logical.dim(1));
   a.hot_slots = H;

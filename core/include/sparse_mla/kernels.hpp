@@ -88,6 +88,9 @@ struct Fp8UpconvertArgs {
 // hot and attention rows plus the compact swap list the row gather copies.
 // Batch-row indexed: logical, request_ids, request_state_indices,
 // hot_block_table and every output. State-row indexed: slot_rows, lru.
+// Slot ids are int16 in the LRU, and the kernel's scratch packs entry
+// indices, slots and miss numbers in 15 or 16 bits: top_k <= hot_slots <= this.
+constexpr std::int32_t hisparse_max_hot_slots = 32768;
 struct HiSparseResolveArgs {
   const std::int32_t* logical;  // [num_rows, top_k], row stride logical_stride
   std::int64_t logical_stride;
@@ -133,10 +136,10 @@ struct HiSparseResolveArgs {
   std::int64_t out_stride;
   std::int32_t* valid_counts;  // [num_rows] or nullptr
   std::int32_t* swap_counts;   // [num_rows]
-  unsigned long long* hit_miss_counters;  // [2]: += hits, += misses (atomically), or nullptr
+  std::uint64_t* hit_miss_counters;  // [2]: += hits, += misses (atomically), or nullptr
   std::int64_t num_rows;
   std::int32_t top_k;
-  std::int32_t hot_slots;  // H, >= top_k, <= 32768
+  std::int32_t hot_slots;  // H, >= top_k, <= hisparse_max_hot_slots
 };
 
 // Copies swap pair j < swap_counts[row] of every row: host row
