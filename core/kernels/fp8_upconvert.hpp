@@ -88,6 +88,20 @@ KOKKOS_INLINE_FUNCTION void load16(const std::uint8_t* p, std::uint32_t w[4]) {
   }
 }
 
+// A 4-byte word that may alias the cache's bytes (like Int4).
+struct SPARSE_MLA_MAY_ALIAS Word {
+  std::uint32_t value;
+};
+
+template <bool Vector>
+KOKKOS_INLINE_FUNCTION std::uint32_t load4(const std::uint8_t* p) {
+  if constexpr (Vector) {
+    return reinterpret_cast<const Word*>(p)->value;
+  } else {
+    return std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 | std::uint32_t{p[3]} << 24;
+  }
+}
+
 template <bool Vector>
 KOKKOS_INLINE_FUNCTION void store16(std::uint8_t* p, const std::uint32_t w[4]) {
   if constexpr (Vector) {
@@ -191,27 +205,38 @@ struct Fp8Upconvert {
     }
   }
 
-  KOKKOS_INLINE_FUNCTION void unit(const std::uint8_t* src, std::uint16_t* dst_row, int k) const {
-    auto* out = reinterpret_cast<std::uint8_t*>(dst_row);
+  // One 16-byte unit of a source row, loaded: 16 fp8 values and their scale
+  // (k < 32), or 16 RoPE bytes.
+  struct Loaded {
     std::uint32_t in[4];
+    std::uint32_t scale_bits;
+  };
+
+  KOKKOS_INLINE_FUNCTION void load_unit(const std::uint8_t* src, int k, Loaded& l) const {
     if (k < fp8::nope_units) {
-      fp8::load16<Vector>(src + 16 * k, in);
-      std::uint32_t scale_bits[4];
-      fp8::load16<Vector>(src + fp8_scales_offset, scale_bits);
-      const float scale = fp8::from_bits(scale_bits[k / fp8::units_per_scale]);
-      std::uint32_t converted[8];
-      upconvert16(in, scale, converted);
-      fp8::store16<Vector>(out + 32 * k, converted);
-      fp8::store16<Vector>(out + 32 * k + 16, converted + 4);
+      fp8::load16<Vector>(src + 16 * k, l.in);
+      l.scale_bits = fp8::load4<Vector>(src + fp8_scales_offset + 4 * (k / fp8::units_per_scale));
     } else {
-      const int rope = k - fp8::nope_units;
-      fp8::load16<Vector>(src + fp8_rope_offset + 16 * rope, in);
-      fp8::store16<Vector>(out + 2 * fp8_nope_values + 16 * rope, in);
+      fp8::load16<Vector>(src + fp8_rope_offset + 16 * (k - fp8::nope_units), l.in);
     }
   }
 
-  // A team converts `rows_per_task` rows of one page: one 16-byte unit per
-  // thread, so every load of the chunk is in flight at once.
+  KOKKOS_INLINE_FUNCTION void store_unit(const Loaded& l, std::uint16_t* dst_row, int k) const {
+    auto* out = reinterpret_cast<std::uint8_t*>(dst_row);
+    if (k < fp8::nope_units) {
+      std::uint32_t converted[8];
+      upconvert16(l.in, fp8::from_bits(l.scale_bits), converted);
+      fp8::store16<Vector>(out + 32 * k, converted);
+      fp8::store16<Vector>(out + 32 * k + 16, converted + 4);
+    } else {
+      fp8::store16<Vector>(out + 2 * fp8_nope_values + 16 * (k - fp8::nope_units), l.in);
+    }
+  }
+
+  // A team converts `rows_per_task` rows of one page, 40 units per row.
+  // Team thread `lane` takes units lane, lane + lanes, ..., two at a time:
+  // both loads go out before either store (the stores may alias the cache,
+  // so the compiler would not hoist the second load over the first store).
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const std::int32_t task = team.league_rank();
     Page page{};
@@ -221,12 +246,26 @@ struct Fp8Upconvert {
     if (first >= page_rows) return;
     const std::int32_t rows = page_rows - first < rows_per_task ? page_rows - first : rows_per_task;
     const std::int64_t id = block_id(page);
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, rows * fp8::units_per_row), [&](const std::int32_t u) {
-      const std::int32_t i = first + u / fp8::units_per_row;  // 32-bit: a constant divisor is a multiply
-      const std::int64_t output = page.first_output + i;
-      const std::uint8_t* src = source_row(id, page.first_token + i);
-      if (output < 0 || src == nullptr) return;
-      unit(src, a.dst + output * a.dst_row_stride, u % fp8::units_per_row);
+    const std::int32_t units = rows * fp8::units_per_row;
+    const std::int32_t lanes = team.team_size();
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lanes), [&](const std::int32_t lane) {
+      for (std::int32_t u0 = lane; u0 < units; u0 += 2 * lanes) {
+        Loaded l[2];
+        std::uint16_t* dst[2] = {nullptr, nullptr};
+        for (int p = 0; p < 2; ++p) {
+          const std::int32_t u = u0 + p * lanes;
+          if (u >= units) break;
+          const std::int32_t i = first + u / fp8::units_per_row;  // 32-bit: a constant divisor is a multiply
+          const std::int64_t output = page.first_output + i;
+          const std::uint8_t* src = source_row(id, page.first_token + i);
+          if (output < 0 || src == nullptr) continue;
+          load_unit(src, u % fp8::units_per_row, l[p]);
+          dst[p] = a.dst + output * a.dst_row_stride;
+        }
+        for (int p = 0; p < 2; ++p) {
+          if (dst[p] != nullptr) store_unit(l[p], dst[p], (u0 + p * lanes) % fp8::units_per_row);
+        }
+      }
     });
   }
 };
