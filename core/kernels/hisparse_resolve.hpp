@@ -418,16 +418,21 @@ struct HiSparseResolve {
       for (int u = 0; u < S; ++u) {
         if (first + u < H) s.lru[first + u] = old_order[u];
       }
-      std::int32_t h[S];
-      std::uint32_t w[S];
-      find_keys(s, g, h, w);
+      // The lookups go in two halves of four: all eight loads above are
+      // issued first, and four probes at a time keep the registers down.
       std::uint32_t flags = 0;
-      for (int u = 0; u < S; ++u) {
-        if (h[u] < 0) continue;
-        const std::uint32_t slot_word = (static_cast<std::uint32_t>(first + u + 1) << 16) | (w[u] & 0xFFFFu);
-        const std::uint32_t old = Kokkos::atomic_fetch_max(&s.words[h[u]], slot_word);
-        flags |= 1u << u;
-        counts += 1u + ((old >> 16) == 0 ? high_count : 0u);
+      for (int half = 0; half < S; half += S / 2) {
+        std::int32_t gh[S / 2], h[S / 2];
+        std::uint32_t w[S / 2];
+        for (int u = 0; u < S / 2; ++u) gh[u] = g[half + u];
+        find_keys(s, gh, h, w);
+        for (int u = 0; u < S / 2; ++u) {
+          if (h[u] < 0) continue;
+          const std::uint32_t slot_word = (static_cast<std::uint32_t>(first + half + u + 1) << 16) | (w[u] & 0xFFFFu);
+          const std::uint32_t old = Kokkos::atomic_fetch_max(&s.words[h[u]], slot_word);
+          flags |= 1u << (half + u);
+          counts += 1u + ((old >> 16) == 0 ? high_count : 0u);
+        }
       }
       s.hit_flags[i] = static_cast<std::uint8_t>(flags);
     }
@@ -629,7 +634,7 @@ struct HiSparseResolve {
 template <class Space>
 void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
   if (a.num_rows == 0) return;
-  using policy_type = Kokkos::TeamPolicy<Space>;
+  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<512, 2>>;
   const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(a.hot_slots, a.hot_block_size);
   const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached);
   // Production rows (K = 2048, H = 4096: 37,632 bytes) fit level-0 (shared
