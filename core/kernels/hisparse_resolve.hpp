@@ -335,10 +335,12 @@ struct HiSparseResolve {
   // Pass 1. Returns this thread's counts: valid entries in the low half,
   // entries that need a hot slot in the high. Group i holds entries i, i + G,
   // ... (coalesced loads). `request` -1 maps every entry to -1; `cached` hot
-  // block table entries are copied to scratch.
+  // block table entries are copied to scratch. On CUDA the state's
+  // slot_rows and lru are prefetched for pass 3 (not for a padding row).
   KOKKOS_INLINE_FUNCTION std::uint32_t map_entries(const member_type& team, const hisparse::ResolveScratch& s,
                                                    std::int64_t row, std::int32_t request, std::int64_t hot_table_row,
-                                                   std::int32_t cached) const {
+                                                   std::int32_t cached, const std::int32_t* slot_rows,
+                                                   const std::int16_t* lru, bool prefetch) const {
     const std::int32_t* in = a.logical + row * a.logical_stride;
     const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
     const std::int32_t K = a.top_k;
@@ -352,6 +354,21 @@ struct HiSparseResolve {
       }
       // While the loads are in flight: clear the set, copy the hot block table.
       for (std::int32_t h = i; h < hash_size(); h += G) s.words[h] = hisparse::empty_word;
+#if defined(__CUDA_ARCH__)
+      // Pass 3 reads these two barriers from now: bring them to this SM's L1
+      // while the table loads are in flight (after the entry loads, which
+      // must not wait for the state).
+      if (prefetch) {
+        for (std::int32_t k = i; k < slot_groups(); k += G) {
+          asm volatile("prefetch.L1 [%0];" ::"l"(slot_rows + k * S));
+          asm volatile("prefetch.L1 [%0];" ::"l"(lru + k * S));
+        }
+      }
+#else
+      (void)slot_rows;
+      (void)lru;
+      (void)prefetch;
+#endif
       for (std::int32_t b = i; b < cached; b += G) s.hot_blocks[b] = hot_table[b];
       for (int u = 0; u < E; ++u) {
         g[u] = source_block(request, tok[u]);
@@ -608,8 +625,13 @@ struct HiSparseResolve {
     const std::int64_t hot_table_row = a.hot_table_by_state && !padding ? state : row;
     std::uint32_t* const totals[2] = {s.totals, s.totals + hisparse::team_total_words / 2};
     std::uint32_t counts = 0;
+    // State row 0 stands in for a padding row's (never read; not prefetched).
+    const std::int64_t state_row = padding ? 0 : state;
+    std::int32_t* slot_rows = a.slot_rows + state_row * a.slot_rows_stride;
+    std::int16_t* lru = a.lru + state_row * a.lru_stride;
     team_prefix(team, totals[0],
-                map_entries(team, s, row, padding ? -1 : request, hot_table_row, padding ? 0 : cached_blocks),
+                map_entries(team, s, row, padding ? -1 : request, hot_table_row, padding ? 0 : cached_blocks,
+                            slot_rows, lru, !padding),
                 counts);
     if (a.valid_counts != nullptr && team.team_rank() == 0) a.valid_counts[row] = static_cast<std::int32_t>(counts & 0xFFFFu);
     if ((counts >> 16) == 0) {
@@ -617,8 +639,6 @@ struct HiSparseResolve {
       if (team.team_rank() == 0) a.swap_counts[row] = 0;
       return;
     }
-    std::int32_t* slot_rows = a.slot_rows + state * a.slot_rows_stride;
-    std::int16_t* lru = a.lru + state * a.lru_stride;
     std::uint32_t distinct = 0;
     team_prefix(team, totals[1], build_set(team, s), distinct);
     std::uint32_t found = 0;
