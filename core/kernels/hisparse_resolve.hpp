@@ -6,8 +6,9 @@
 // position packs what the passes know about a key (hisparse::empty_word and
 // below): its first top-k entry, then the hot slot that holds it or, for a
 // key that misses, its miss number. With the host row of each entry, each
-// entry's hash position, the new LRU order and one hit bit per slot, a
-// production row (K = 2048, H = 4096) needs 37,632 bytes of scratch: it fits
+// entry's hash position, the new LRU order, one hit bit per slot and the
+// per-warp team sums, a production row (K = 2048, H = 4096, hot blocks of 64)
+// needs 37,888 bytes of scratch: it fits
 // the 40,936 bytes of level-0 (shared memory) scratch that a Kokkos 4.6 CUDA
 // team can have, so every probe and atomic stays on the chip. Larger shapes
 // run the same code from level-1 (global) scratch.
@@ -17,10 +18,13 @@
 // of entries (4) or slots (8), one group per thread of a 512-thread team at
 // K = 2048, H = 4096, and issues a group's global loads before it uses any
 // of them; the prefix sums run over groups, and the LRU walk and the miss
-// numbering share one. On the host a team is one thread and the same passes
-// run as loops.
+// numbering share one. Each team sum is one barrier (team_prefix: a warp
+// shuffle scan, one word per warp through scratch), and that barrier is also
+// the one between two passes. LaunchBounds<512, 2> keeps the kernel at 64
+// registers so that two rows' teams fit an SM. On the host a team is one
+// thread and the same passes run as loops.
 //
-// Passes (barriers between them):
+// Passes (one barrier between two, in the team sum that ends each):
 //   1. map_entries: map every entry to its host row g and its resident row;
 //      write the resolved rows, the resident and invalid outputs and the
 //      valid count; clear the set; cache the row's hot block table. A row
@@ -29,6 +33,7 @@
 //      tables (all -1, counts 0).
 //   2. build_set: insert the pending host rows; each key keeps the first top-k
 //      entry that selected it (duplicates collapse to it).
+//      On CUDA it also prefetches the state's slot_rows and lru for pass 3.
 //   3. classify_slots: by slot index (coalesced slot_rows reads), a slot whose
 //      host row is in the set is a hit and its key records the slot. The
 //      same loads read the row's old LRU order, so that pass 4 finds it in
@@ -596,7 +601,20 @@ struct HiSparseResolve {
         }
       }
     });
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, H), [&](const std::int32_t p) { lru[p] = s.lru[p]; });
+    // The new LRU order, four positions a thread at a time: the scratch loads
+    // first (the compiler cannot tell the two apart), then the stores.
+    constexpr int lru_per_round = 4;
+    for (std::int32_t p0 = team.team_rank(); p0 < H; p0 += lru_per_round * team.team_size()) {
+      std::int16_t order[lru_per_round];
+      for (int u = 0; u < lru_per_round; ++u) {
+        const std::int32_t p = p0 + u * team.team_size();
+        order[u] = s.lru[p < H ? p : 0];
+      }
+      for (int u = 0; u < lru_per_round; ++u) {
+        const std::int32_t p = p0 + u * team.team_size();
+        if (p < H) lru[p] = order[u];
+      }
+    }
     Kokkos::single(Kokkos::PerTeam(team), [&]() {
       a.swap_counts[row] = misses;
       if (a.hit_miss_counters != nullptr) {
@@ -657,7 +675,7 @@ void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
   using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<512, 2>>;
   const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(a.hot_slots, a.hot_block_size);
   const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached);
-  // Production rows (K = 2048, H = 4096: 37,632 bytes) fit level-0 (shared
+  // Production rows (K = 2048, H = 4096: 37,888 bytes) fit level-0 (shared
   // memory) scratch; larger shapes take level-1 (global) scratch.
   const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
   policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(512));
