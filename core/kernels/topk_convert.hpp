@@ -124,8 +124,9 @@ struct TopkConvert {
   }
 
   // The count is summed within each thread's vector lanes (warp shuffles on
-  // GPUs), then across the team's threads through scratch with one barrier:
-  // Kokkos' general team reduction costs a dozen barriers.
+  // GPUs), then across the team's threads through scratch with one barrier,
+  // by the first thread's lanes: Kokkos' general team reduction costs a
+  // dozen barriers.
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const std::int64_t t = team.league_rank();
     const std::int32_t workspace = a.workspace_request != nullptr ? a.workspace_request[t] : -1;
@@ -142,11 +143,13 @@ struct TopkConvert {
     auto* partial = static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(sizeof(std::int32_t) * team.team_size()));
     Kokkos::single(Kokkos::PerThread(team), [&]() { partial[team.team_rank()] = thread_valid; });
     team.team_barrier();
-    Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      std::int32_t sum = 0;
-      for (int i = 0; i < team.team_size(); ++i) sum += partial[i];
-      a.valid_counts[t] = sum;
-    });
+    if (team.team_rank() != 0) return;
+    // The first thread's lanes sum the partials (one load each, then shuffles).
+    std::int32_t sum = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::ThreadVectorRange(team, team.team_size()), [&](const std::int32_t i, std::int32_t& s) { s += partial[i]; },
+        sum);
+    Kokkos::single(Kokkos::PerThread(team), [&]() { a.valid_counts[t] = sum; });
   }
 };
 
