@@ -2,14 +2,11 @@
 //
 // One team per page task, as the reference engine launches it: requests in
 // order, each split at block boundaries, ceil(T / block_size) + 2 * batch
-// tasks cover every page. A team works through its page in units of one
-// 16-byte store: each row is 64 units of 8 fp8 values (an 8-byte load, 16
-// bytes of bf16) and 8 units of 16 RoPE bytes, so consecutive threads store
-// consecutive 16 bytes of a row (every store instruction writes whole
-// sectors; with 16 values per unit the two stores of a thread were 32 bytes
-// apart and the L2 saw twice the write requests). The bf16 rounding is
-// integer arithmetic on the float32 product, so host and GPU agree bit for
-// bit.
+// tasks cover every page. A team works through its page in 16-byte units:
+// each row is 32 units of 16 fp8 values (one 16-byte load, two 16-byte
+// stores of bf16) and 8 units of RoPE bytes, so consecutive threads touch
+// consecutive bytes of a row. The bf16 rounding is integer arithmetic on
+// the float32 product, so host and GPU agree bit for bit.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -21,9 +18,9 @@ namespace sparse_mla::kernels {
 
 namespace fp8 {
 
-constexpr int units_per_row = 72;  // 64 units of 8 fp8 values, 8 units of 16 RoPE bytes
-constexpr int nope_units = 64;
-constexpr int units_per_scale = 16;  // 128 values per scale
+constexpr int units_per_row = 40;  // 32 units of 16 fp8 values, 8 units of 16 RoPE bytes
+constexpr int nope_units = 32;
+constexpr int units_per_scale = 8;  // 128 values per scale
 
 union FloatBits {
   float f;
@@ -42,6 +39,20 @@ KOKKOS_INLINE_FUNCTION std::uint32_t to_bits(float f) {
   return b.u;
 }
 
+// The exact float value of one e4m3 byte. The byte's magnitude bits moved
+// to a float's exponent and mantissa fields (mag << 20) read as a float that
+// is the e4m3 value times 2^-(127 - bias): a normal one with its exponent
+// re-biased, a subnormal one (exponent field 0) as a float subnormal. One
+// multiply by 2^(127 - bias) makes both exact, provided subnormal floats are
+// not flushed to zero (they are not: no fast-math flags; the golden files
+// and the differential tests hold subnormal bytes).
+KOKKOS_INLINE_FUNCTION float decode(std::uint32_t byte, bool fnuz) {
+  const std::uint32_t magnitude = byte & 0x7Fu;
+  const float value = from_bits(magnitude << 20) * (fnuz ? 0x1p119f : 0x1p120f);
+  const bool nan = fnuz ? byte == 0x80u : magnitude == 0x7Fu;
+  return nan ? from_bits(0x7FC00000u) : from_bits(to_bits(value) | ((byte & 0x80u) << 24));
+}
+
 // float32 to bfloat16, round to nearest even. Every NaN becomes 0x7FFF, the
 // canonical NaN that CUDA's cvt.rn.bf16.f32 gives the reference engine.
 KOKKOS_INLINE_FUNCTION std::uint32_t bf16_rne(float value) {
@@ -49,6 +60,16 @@ KOKKOS_INLINE_FUNCTION std::uint32_t bf16_rne(float value) {
   const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
   return (u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FFFu : rounded;
 }
+
+// On CPUs the decode is a 256-entry table filled by decode() for each launch
+// (a load beats a dozen dependent operations there); GPUs compute it, as a
+// table lookup per lane would serialise on divergent addresses.
+struct DecodeTable {
+  float value[256];
+};
+struct NoTable {};
+template <class Space>
+using DecodeTableFor = std::conditional_t<is_host_space<Space>, DecodeTable, NoTable>;
 
 // 16-byte loads and stores: one vector access when aligned, bytes otherwise.
 template <bool Vector>
@@ -61,26 +82,6 @@ KOKKOS_INLINE_FUNCTION void load16(const std::uint8_t* p, std::uint32_t w[4]) {
     w[3] = static_cast<std::uint32_t>(v.w);
   } else {
     for (int i = 0; i < 4; ++i) {
-      w[i] = std::uint32_t{p[4 * i]} | std::uint32_t{p[4 * i + 1]} << 8 | std::uint32_t{p[4 * i + 2]} << 16 |
-             std::uint32_t{p[4 * i + 3]} << 24;
-    }
-  }
-}
-
-// 8 bytes that may alias the cache's bytes.
-struct SPARSE_MLA_MAY_ALIAS Pair {
-  alignas(8) std::uint32_t lo;
-  std::uint32_t hi;
-};
-
-template <bool Vector>
-KOKKOS_INLINE_FUNCTION void load8(const std::uint8_t* p, std::uint32_t w[2]) {
-  if constexpr (Vector) {
-    const Pair v = *reinterpret_cast<const Pair*>(p);
-    w[0] = v.lo;
-    w[1] = v.hi;
-  } else {
-    for (int i = 0; i < 2; ++i) {
       w[i] = std::uint32_t{p[4 * i]} | std::uint32_t{p[4 * i + 1]} << 8 | std::uint32_t{p[4 * i + 2]} << 16 |
              std::uint32_t{p[4 * i + 3]} << 24;
     }
@@ -120,6 +121,7 @@ template <class Space, bool Vector, class Split>
 struct Fp8Upconvert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   Fp8UpconvertArgs a;
+  fp8::DecodeTableFor<Space> table;
   Split split;                    // of a.block_size
   std::int32_t rows_per_task;     // rows of a page one team converts
   std::int32_t chunks_per_page;   // teams per page task (32-bit: a 64-bit division is ~100 instructions)
@@ -185,46 +187,26 @@ struct Fp8Upconvert {
     return a.host_cache + host_row * a.host_row_stride;
   }
 
-  // bf16 of one fp8 byte times the scale, the same arithmetic on every
-  // backend. The byte's magnitude bits moved to a float's exponent and
-  // mantissa fields (mag << 20) read as the e4m3 value times 2^-(127 - bias):
-  // a normal one with its exponent re-biased, a subnormal one (exponent
-  // field 0) as a float subnormal, so multiplying by 2^(127 - bias) decodes
-  // both exactly, provided subnormal floats are not flushed to zero (no
-  // fast-math flags; the tests hold every byte value). That power of two is
-  // folded into the scale when the product is exact (|scale| < 2^8: no
-  // overflow), so a value costs one multiply: the exact decoded value times
-  // the scale, rounded once, either way. NaN bytes give bf16 NaN 0x7FFF.
-  struct Scale {
-    float scale;
-    float folded;  // scale * 2^(127 - bias)
-    bool use_folded;
-  };
-
-  KOKKOS_INLINE_FUNCTION Scale scale_of(std::uint32_t bits) const {
-    const float power = a.format == Fp8Format::e4m3fnuz ? 0x1p119f : 0x1p120f;
-    const float scale = fp8::from_bits(bits);
-    return Scale{scale, scale * power, (bits & 0x7FFFFFFFu) < 0x43800000u};  // |scale| < 256, not NaN
-  }
-
-  KOKKOS_INLINE_FUNCTION std::uint32_t scaled_bf16(std::uint32_t byte, const Scale& s) const {
-    const bool fnuz = a.format == Fp8Format::e4m3fnuz;
-    const bool nan = fnuz ? byte == 0x80u : (byte & 0x7Fu) == 0x7Fu;
-    const float x = fp8::from_bits(((byte & 0x80u) << 24) | ((byte & 0x7Fu) << 20));
-    const float product = s.use_folded ? x * s.folded : (x * (fnuz ? 0x1p119f : 0x1p120f)) * s.scale;
-    return nan ? 0x7FFFu : fp8::bf16_rne(product);
-  }
-
-  // 8 fp8 bytes (2 little-endian words) to 8 bf16 (4 words, two per word).
-  KOKKOS_INLINE_FUNCTION void upconvert8(const std::uint32_t in[2], const Scale& s, std::uint32_t out[4]) const {
-    for (int i = 0; i < 4; ++i) {
-      const std::uint32_t pair = in[i / 2] >> (16 * (i % 2));
-      out[i] = scaled_bf16(pair & 0xFFu, s) | (scaled_bf16((pair >> 8) & 0xFFu, s) << 16);
+  KOKKOS_INLINE_FUNCTION float decoded(std::uint32_t byte) const {
+    if constexpr (is_host_space<Space>) {
+      return table.value[byte];
+    } else {
+      return fp8::decode(byte, a.format == Fp8Format::e4m3fnuz);
     }
   }
 
-  // One unit of a source row, loaded: 8 fp8 values (words 0 and 1) and their
-  // scale (k < 64), or 16 RoPE bytes.
+  // 16 fp8 bytes (4 little-endian words) to 16 bf16 (8 words, two per word).
+  KOKKOS_INLINE_FUNCTION void upconvert16(const std::uint32_t in[4], float scale, std::uint32_t out[8]) const {
+    for (int i = 0; i < 8; ++i) {
+      const std::uint32_t pair = in[i / 2] >> (16 * (i % 2));
+      const std::uint32_t lo = fp8::bf16_rne(decoded(pair & 0xFFu) * scale);
+      const std::uint32_t hi = fp8::bf16_rne(decoded((pair >> 8) & 0xFFu) * scale);
+      out[i] = lo | (hi << 16);
+    }
+  }
+
+  // One 16-byte unit of a source row, loaded: 16 fp8 values and their scale
+  // (k < 32), or 16 RoPE bytes.
   struct Loaded {
     std::uint32_t in[4];
     std::uint32_t scale_bits;
@@ -232,7 +214,7 @@ struct Fp8Upconvert {
 
   KOKKOS_INLINE_FUNCTION void load_unit(const std::uint8_t* src, int k, Loaded& l) const {
     if (k < fp8::nope_units) {
-      fp8::load8<Vector>(src + 8 * k, l.in);
+      fp8::load16<Vector>(src + 16 * k, l.in);
       l.scale_bits = fp8::load4<Vector>(src + fp8_scales_offset + 4 * (k / fp8::units_per_scale));
     } else {
       fp8::load16<Vector>(src + fp8_rope_offset + 16 * (k - fp8::nope_units), l.in);
@@ -242,31 +224,19 @@ struct Fp8Upconvert {
   KOKKOS_INLINE_FUNCTION void store_unit(const Loaded& l, std::uint16_t* dst_row, int k) const {
     auto* out = reinterpret_cast<std::uint8_t*>(dst_row);
     if (k < fp8::nope_units) {
-      std::uint32_t converted[4];
-      upconvert8(l.in, scale_of(l.scale_bits), converted);
-      fp8::store16<Vector>(out + 16 * k, converted);
+      std::uint32_t converted[8];
+      upconvert16(l.in, fp8::from_bits(l.scale_bits), converted);
+      fp8::store16<Vector>(out + 32 * k, converted);
+      fp8::store16<Vector>(out + 32 * k + 16, converted + 4);
     } else {
       fp8::store16<Vector>(out + 2 * fp8_nope_values + 16 * (k - fp8::nope_units), l.in);
     }
   }
 
-  // Loads unit u of the team's rows; returns its output row, or nullptr when
-  // the row has no source or no output.
-  KOKKOS_INLINE_FUNCTION std::uint16_t* load(const Page& page, std::int64_t id, std::int32_t first, std::int32_t u,
-                                             Loaded& l) const {
-    const std::int32_t i = first + u / fp8::units_per_row;  // 32-bit: a constant divisor is a multiply
-    const std::int64_t output = page.first_output + i;
-    const std::uint8_t* src = source_row(id, page.first_token + i);
-    if (output < 0 || src == nullptr) return nullptr;
-    load_unit(src, u % fp8::units_per_row, l);
-    return a.dst + output * a.dst_row_stride;
-  }
-
-  // A team converts `rows_per_task` rows of one page. Team thread `lane`
-  // takes units lane, lane + lanes, ..., two at a time: both loads go out
-  // before either store (the stores may alias the cache, so the compiler
-  // would not hoist the second load over the first store). Two named
-  // slots, not an array, so nothing goes to local memory.
+  // A team converts `rows_per_task` rows of one page, 40 units per row.
+  // Team thread `lane` takes units lane, lane + lanes, ..., two at a time:
+  // both loads go out before either store (the stores may alias the cache,
+  // so the compiler would not hoist the second load over the first store).
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const std::int32_t task = team.league_rank();
     Page page{};
@@ -280,12 +250,21 @@ struct Fp8Upconvert {
     const std::int32_t lanes = team.team_size();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lanes), [&](const std::int32_t lane) {
       for (std::int32_t u0 = lane; u0 < units; u0 += 2 * lanes) {
-        const std::int32_t u1 = u0 + lanes;
-        Loaded l0{}, l1{};
-        std::uint16_t* d0 = load(page, id, first, u0, l0);
-        std::uint16_t* d1 = u1 < units ? load(page, id, first, u1, l1) : nullptr;
-        if (d0 != nullptr) store_unit(l0, d0, u0 % fp8::units_per_row);
-        if (d1 != nullptr) store_unit(l1, d1, u1 % fp8::units_per_row);
+        Loaded l[2];
+        std::uint16_t* dst[2] = {nullptr, nullptr};
+        for (int p = 0; p < 2; ++p) {
+          const std::int32_t u = u0 + p * lanes;
+          if (u >= units) break;
+          const std::int32_t i = first + u / fp8::units_per_row;  // 32-bit: a constant divisor is a multiply
+          const std::int64_t output = page.first_output + i;
+          const std::uint8_t* src = source_row(id, page.first_token + i);
+          if (output < 0 || src == nullptr) continue;
+          load_unit(src, u % fp8::units_per_row, l[p]);
+          dst[p] = a.dst + output * a.dst_row_stride;
+        }
+        for (int p = 0; p < 2; ++p) {
+          if (dst[p] != nullptr) store_unit(l[p], dst[p], (u0 + p * lanes) % fp8::units_per_row);
+        }
       }
     });
   }
@@ -310,14 +289,18 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
   const std::int64_t chunks = (std::int64_t{a.block_size} + rows_per_task - 1) / rows_per_task;
   const int team = row_team_size<Space>(few_pages ? (rows_per_task * fp8::units_per_row + 31) / 32 * 32 : 512);
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(tasks * chunks), team);
+  fp8::DecodeTableFor<Space> table{};
+  if constexpr (is_host_space<Space>) {
+    for (std::uint32_t byte = 0; byte < 256; ++byte) table.value[byte] = fp8::decode(byte, a.format == Fp8Format::e4m3fnuz);
+  }
   with_block_split(a.block_size, [&](auto split) {
     using Split = decltype(split);
     if (vector) {
       Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
-                           Fp8Upconvert<Space, true, Split>{a, split, rows_per_task, static_cast<std::int32_t>(chunks)});
+                           Fp8Upconvert<Space, true, Split>{a, table, split, rows_per_task, static_cast<std::int32_t>(chunks)});
     } else {
       Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
-                           Fp8Upconvert<Space, false, Split>{a, split, rows_per_task, static_cast<std::int32_t>(chunks)});
+                           Fp8Upconvert<Space, false, Split>{a, table, split, rows_per_task, static_cast<std::int32_t>(chunks)});
     }
   });
 }
