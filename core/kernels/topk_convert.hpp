@@ -38,9 +38,11 @@ struct TableMap {
   std::int32_t stride_rows;
   KOKKOS_INLINE_FUNCTION std::int32_t operator()(std::int32_t tok) const {
     const std::int32_t block = split.block(tok);
-    const bool inside = tok >= 0 && block < blocks;
-    const std::int32_t start = table[inside ? block : 0];
-    return inside ? wrap_mad(start, stride_rows, split.offset(tok)) : -1;
+    const std::int32_t inside = tok >= 0 && block < blocks;  // 1 or 0
+    // Masks, not selects: the compiler turns `inside ? load : -1` back into
+    // a branch around the load (seen in the PTX), which is what we avoid.
+    const std::int32_t start = table[block & -inside];
+    return wrap_mad(start, stride_rows, split.offset(tok)) | (inside - 1);
   }
 };
 // A prefill-workspace token: its workspace start plus the position.
