@@ -52,7 +52,10 @@ const float special_scales[] = {1.0f,
                                 std::numeric_limits<float>::infinity(),
                                 -std::numeric_limits<float>::infinity(),
                                 std::numeric_limits<float>::quiet_NaN(),
-                                3.0f};
+                                3.0f,
+                                255.99998f,  // the largest scale whose product with 2^120 stays finite
+                                256.0f,
+                                -256.0f};
 
 float draw_scale(std::mt19937_64& rng) {
   const auto pick = std::uniform_int_distribution<int>(0, 99)(rng);

@@ -38,9 +38,11 @@ struct TableMap {
   std::int32_t stride_rows;
   KOKKOS_INLINE_FUNCTION std::int32_t operator()(std::int32_t tok) const {
     const std::int32_t block = split.block(tok);
-    const bool inside = tok >= 0 && block < blocks;
-    const std::int32_t start = table[inside ? block : 0];
-    return inside ? wrap_mad(start, stride_rows, split.offset(tok)) : -1;
+    const std::int32_t inside = tok >= 0 && block < blocks;  // 1 or 0
+    // Masks, not selects: the compiler turns `inside ? load : -1` back into
+    // a branch around the load (seen in the PTX), which is what we avoid.
+    const std::int32_t start = table[block & -inside];
+    return wrap_mad(start, stride_rows, split.offset(tok)) | (inside - 1);
   }
 };
 // A prefill-workspace token: its workspace start plus the position.
@@ -124,8 +126,9 @@ struct TopkConvert {
   }
 
   // The count is summed within each thread's vector lanes (warp shuffles on
-  // GPUs), then across the team's threads through scratch with one barrier:
-  // Kokkos' general team reduction costs a dozen barriers.
+  // GPUs), then across the team's threads through scratch with one barrier,
+  // by the first thread's lanes: Kokkos' general team reduction costs a
+  // dozen barriers.
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const std::int64_t t = team.league_rank();
     const std::int32_t workspace = a.workspace_request != nullptr ? a.workspace_request[t] : -1;
@@ -142,11 +145,13 @@ struct TopkConvert {
     auto* partial = static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(sizeof(std::int32_t) * team.team_size()));
     Kokkos::single(Kokkos::PerThread(team), [&]() { partial[team.team_rank()] = thread_valid; });
     team.team_barrier();
-    Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      std::int32_t sum = 0;
-      for (int i = 0; i < team.team_size(); ++i) sum += partial[i];
-      a.valid_counts[t] = sum;
-    });
+    if (team.team_rank() != 0) return;
+    // The first thread's lanes sum the partials (one load each, then shuffles).
+    std::int32_t sum = 0;
+    Kokkos::parallel_reduce(
+        Kokkos::ThreadVectorRange(team, team.team_size()), [&](const std::int32_t i, std::int32_t& s) { s += partial[i]; },
+        sum);
+    Kokkos::single(Kokkos::PerThread(team), [&]() { a.valid_counts[t] = sum; });
   }
 };
 
