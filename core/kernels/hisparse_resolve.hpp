@@ -161,10 +161,14 @@ struct HiSparseResolve {
   // in two steps, so that a group issues all its table loads before it uses
   // one: the source block table entry (-1 when `tok` is outside the table),
   // then the host row (-1 for a negative block or a row outside the pool).
-  KOKKOS_INLINE_FUNCTION std::int32_t source_block(std::int32_t request, std::int32_t tok) const {
-    if (tok < 0 || request < 0 || request >= a.source_num_requests) return -1;
+  // `table` is the request's row of the table, which has at least one block
+  // (map_entries does not call this for a request outside the table). Masks,
+  // not selects: nvcc turns `inside ? load : -1` back into a branch around
+  // the load, so a thread's table loads would not issue together.
+  KOKKOS_INLINE_FUNCTION std::int32_t source_block(const std::int32_t* table, std::int32_t tok) const {
     const std::int32_t block = source_split.block(tok);
-    return block < a.source_blocks_per_request ? a.source_block_table[request * a.source_table_stride + block] : -1;
+    const std::int32_t inside = tok >= 0 && block < a.source_blocks_per_request;  // 1 or 0
+    return table[block & -inside] | (inside - 1);
   }
   KOKKOS_INLINE_FUNCTION std::int32_t host_row(std::int32_t physical, std::int32_t tok) const {
     if (physical < 0) return -1;
@@ -173,11 +177,23 @@ struct HiSparseResolve {
   }
 
   // The same for the device row of `tok` when its page is resident (else -1).
-  KOKKOS_INLINE_FUNCTION std::int32_t resident_block(std::int32_t request, std::int32_t tok) const {
-    if (a.resident_block_table == nullptr || tok < 0 || request < 0 || request >= a.resident_num_requests) return -1;
+  KOKKOS_INLINE_FUNCTION std::int32_t resident_block(const std::int32_t* table, std::int32_t tok) const {
     const std::int32_t block = resident_split.block(tok);
-    return block < a.resident_blocks_per_request ? a.resident_block_table[request * a.resident_table_stride + block]
-                                                 : -1;
+    const std::int32_t inside = tok >= 0 && block < a.resident_blocks_per_request;  // 1 or 0
+    return table[block & -inside] | (inside - 1);
+  }
+
+  // The request's rows of the source and resident block tables, or nullptr
+  // when the request is outside a table, the table has no blocks, or (the
+  // resident one) there is none. request -1: both nullptr.
+  KOKKOS_INLINE_FUNCTION const std::int32_t* source_table_row(std::int32_t request) const {
+    const bool inside = request >= 0 && request < a.source_num_requests && a.source_blocks_per_request > 0;
+    return inside ? a.source_block_table + static_cast<std::int64_t>(request) * a.source_table_stride : nullptr;
+  }
+  KOKKOS_INLINE_FUNCTION const std::int32_t* resident_table_row(std::int32_t request) const {
+    const bool inside = a.resident_block_table != nullptr && request >= 0 && request < a.resident_num_requests &&
+                        a.resident_blocks_per_request > 0;
+    return inside ? a.resident_block_table + static_cast<std::int64_t>(request) * a.resident_table_stride : nullptr;
   }
   KOKKOS_INLINE_FUNCTION std::int32_t resident_row(std::int32_t physical, std::int32_t tok) const {
     if (physical < 0 || physical == a.resident_null_block) return -1;
@@ -348,6 +364,8 @@ struct HiSparseResolve {
                                                    const std::int16_t* lru, bool prefetch) const {
     const std::int32_t* in = a.logical + row * a.logical_stride;
     const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
+    const std::int32_t* source_table = source_table_row(request);
+    const std::int32_t* resident_table = resident_table_row(request);
     const std::int32_t K = a.top_k;
     const std::int32_t G = entry_groups();
     std::uint32_t counts = 0;
@@ -375,9 +393,16 @@ struct HiSparseResolve {
       (void)prefetch;
 #endif
       for (std::int32_t b = i; b < cached; b += G) s.hot_blocks[b] = hot_table[b];
-      for (int u = 0; u < E; ++u) {
-        g[u] = source_block(request, tok[u]);
-        resident[u] = resident_block(request, tok[u]);
+      // Branches only on the row (uniform), none per entry.
+      if (source_table != nullptr) {
+        for (int u = 0; u < E; ++u) g[u] = source_block(source_table, tok[u]);
+      } else {
+        for (int u = 0; u < E; ++u) g[u] = -1;
+      }
+      if (resident_table != nullptr) {
+        for (int u = 0; u < E; ++u) resident[u] = resident_block(resident_table, tok[u]);
+      } else {
+        for (int u = 0; u < E; ++u) resident[u] = -1;
       }
       for (int u = 0; u < E; ++u) {
         g[u] = host_row(g[u], tok[u]);
@@ -541,18 +566,14 @@ struct HiSparseResolve {
     const std::int32_t per_thread = hisparse::groups(n, team.team_size());
     const std::int32_t begin = team.team_rank() * per_thread;
     const std::int32_t end = begin + per_thread < n ? begin + per_thread : n;
-    // The first element stays in registers across the prefix sum; later ones
-    // (larger shapes, the host) are read again.
-    const OrderGroup first = load_order_group(s, lru, begin);
-    std::uint32_t count = begin < end ? first.count : 0u;
-    for (std::int32_t i = begin + 1; i < end; ++i) count += load_order_group(s, lru, i).count;
+    // The elements are read again after the prefix sum (the lru from L1,
+    // the rest from scratch) rather than kept in registers across it: that
+    // keeps the kernel within 64 registers.
+    std::uint32_t count = 0;
+    for (std::int32_t i = begin; i < end; ++i) count += load_order_group(s, lru, i).count;
     std::uint32_t total = 0;
     std::uint32_t before = team_prefix(team, s.totals + hisparse::team_total_words / 2, count, total);
-    if (begin < end) {
-      place_order_group(s, first, begin, before, hits, misses);
-      before += first.count;
-    }
-    for (std::int32_t i = begin + 1; i < end; ++i) {
+    for (std::int32_t i = begin; i < end; ++i) {
       const OrderGroup o = load_order_group(s, lru, i);
       place_order_group(s, o, i, before, hits, misses);
       before += o.count;
