@@ -6,8 +6,9 @@
 // position packs what the passes know about a key (hisparse::empty_word and
 // below): its first top-k entry, then the hot slot that holds it or, for a
 // key that misses, its miss number. With the host row of each entry, each
-// entry's hash position, the new LRU order and one hit bit per slot, a
-// production row (K = 2048, H = 4096) needs 37,632 bytes of scratch: it fits
+// entry's hash position, the new LRU order, one hit bit per slot and the
+// per-warp team sums, a production row (K = 2048, H = 4096, hot blocks of 64)
+// needs 37,888 bytes of scratch: it fits
 // the 40,936 bytes of level-0 (shared memory) scratch that a Kokkos 4.6 CUDA
 // team can have, so every probe and atomic stays on the chip. Larger shapes
 // run the same code from level-1 (global) scratch.
@@ -17,10 +18,13 @@
 // of entries (4) or slots (8), one group per thread of a 512-thread team at
 // K = 2048, H = 4096, and issues a group's global loads before it uses any
 // of them; the prefix sums run over groups, and the LRU walk and the miss
-// numbering share one. On the host a team is one thread and the same passes
-// run as loops.
+// numbering share one. Each team sum is one barrier (team_prefix: a warp
+// shuffle scan, one word per warp through scratch), and that barrier is also
+// the one between two passes. LaunchBounds<512, 2> keeps the kernel at 64
+// registers so that two rows' teams fit an SM. On the host a team is one
+// thread and the same passes run as loops.
 //
-// Passes (barriers between them):
+// Passes (one barrier between two, in the team sum that ends each):
 //   1. map_entries: map every entry to its host row g and its resident row;
 //      write the resolved rows, the resident and invalid outputs and the
 //      valid count; clear the set; cache the row's hot block table. A row
@@ -29,6 +33,7 @@
 //      tables (all -1, counts 0).
 //   2. build_set: insert the pending host rows; each key keeps the first top-k
 //      entry that selected it (duplicates collapse to it).
+//      On CUDA it also prefetches the state's slot_rows and lru for pass 3.
 //   3. classify_slots: by slot index (coalesced slot_rows reads), a slot whose
 //      host row is in the set is a hit and its key records the slot. The
 //      same loads read the row's old LRU order, so that pass 4 finds it in
@@ -73,6 +78,10 @@ constexpr int slots_per_group = 8;  // one byte of hit flags
 // Up to this many hot blocks per row (H / hot_block_size) are cached in
 // scratch by pass 1, so the last pass maps slots to hot rows without global loads.
 constexpr std::int32_t max_cached_hot_blocks = 1024;
+// Per-warp partial counts of the team sums (team_prefix): two buffers of 32
+// (up to 1024 threads), used in turn, so that a sum's buffer is written again
+// only after a later barrier that every thread reaches after reading it.
+constexpr std::int32_t team_total_words = 64;
 
 KOKKOS_INLINE_FUNCTION std::int32_t groups(std::int32_t n, std::int32_t per_group) {
   return (n + per_group - 1) / per_group;
@@ -101,6 +110,7 @@ KOKKOS_INLINE_FUNCTION std::int32_t hash_position(std::int32_t key, std::int32_t
 // The team's scratch arrays, carved from one allocation.
 struct ResolveScratch {
   std::uint32_t* words;      // [2K]: the hash set
+  std::uint32_t* totals;     // [team_total_words]: per-warp partial sums (team_prefix)
   std::int32_t* host_rows;   // [K]: host row of entry j when it needs a slot, else done
   std::int32_t* hot_blocks;  // [cached]: the row's hot block table, or unused (cached = 0)
   std::uint16_t* position;   // [K]: hash position of entry j (entries that need a slot)
@@ -114,13 +124,14 @@ struct ResolveScratch {
   }
   KOKKOS_INLINE_FUNCTION static std::size_t bytes(std::int32_t top_k, std::int32_t hot_slots, std::int32_t cached) {
     const std::size_t k = static_cast<std::size_t>(top_k), h = static_cast<std::size_t>(hot_slots);
-    return 4 * (3 * k + static_cast<std::size_t>(cached)) + 2 * (k + h) + (h + 7) / 8;
+    return 4 * (3 * k + static_cast<std::size_t>(team_total_words + cached)) + 2 * (k + h) + (h + 7) / 8;
   }
   KOKKOS_INLINE_FUNCTION static ResolveScratch carve(void* base, std::int32_t top_k, std::int32_t hot_slots,
                                                      std::int32_t cached) {
     ResolveScratch s;
     s.words = static_cast<std::uint32_t*>(base);
-    s.host_rows = reinterpret_cast<std::int32_t*>(s.words + 2 * top_k);
+    s.totals = s.words + 2 * top_k;
+    s.host_rows = reinterpret_cast<std::int32_t*>(s.totals + team_total_words);
     s.hot_blocks = s.host_rows + top_k;
     s.position = reinterpret_cast<std::uint16_t*>(s.hot_blocks + cached);
     s.lru = reinterpret_cast<std::int16_t*>(s.position + top_k);
@@ -271,180 +282,281 @@ struct HiSparseResolve {
     return added;
   }
 
-  // Pass 1. Returns the number of entries that need a hot slot. Group i
-  // holds entries i, i + G, ... (coalesced loads). `request` -1 maps every
-  // entry to -1; `cached` hot block table entries are copied to scratch.
-  KOKKOS_INLINE_FUNCTION std::int32_t map_entries(const member_type& team, const hisparse::ResolveScratch& s,
-                                                  std::int64_t row, std::int32_t request, std::int64_t hot_table_row,
-                                                  std::int32_t cached) const {
+  // Counts summed over the team pack two 16-bit counts into a word (low and
+  // high half): every count here is at most hot_slots <= 2^15, so neither
+  // half carries into the other.
+  static constexpr std::uint32_t high_count = std::uint32_t{1} << 16;
+
+  // The team's sum of `value` over the threads before this one; `total` gets
+  // the sum over all of them. Also the barrier between two passes: every
+  // thread's earlier scratch and global writes are visible to every thread
+  // when it returns. `totals` is one of the two halves of s.totals, used in
+  // turn by consecutive calls. On CUDA: a shuffle scan in each warp, one word
+  // per warp through scratch, one barrier (Kokkos' team reductions and scans
+  // cost about ten). Elsewhere on a device: Kokkos' team scan and reduction.
+  // On the host a team is one thread.
+  KOKKOS_INLINE_FUNCTION std::uint32_t team_prefix(const member_type& team, std::uint32_t* totals,
+                                                   std::uint32_t value, std::uint32_t& total) const {
+    if constexpr (is_host_space<Space>) {
+      (void)team;
+      (void)totals;
+      total = value;
+      return 0;
+    } else {
+#if defined(__CUDA_ARCH__)
+      // The team is one thread per rank (vector length 1) and a multiple of
+      // 32 threads (resolve_hisparse launches 512), so warp w holds ranks
+      // 32w .. 32w + 31.
+      const int rank = team.team_rank();
+      const int lane = rank & 31, warp = rank >> 5;
+      std::uint32_t inclusive = value;
+      for (int d = 1; d < 32; d <<= 1) {
+        const std::uint32_t up = __shfl_up_sync(0xffffffffu, inclusive, d);
+        if (lane >= d) inclusive += up;
+      }
+      if (lane == 31) totals[warp] = inclusive;
+      team.team_barrier();
+      const int warps = team.team_size() >> 5;
+      std::uint32_t before = 0, sum = 0;
+      for (int w = 0; w < warps; ++w) {
+        const std::uint32_t t = totals[w];
+        before += w < warp ? t : 0u;
+        sum += t;
+      }
+      total = sum;
+      return before + inclusive - value;
+#else
+      (void)totals;
+      team.team_barrier();
+      const std::uint32_t before = team.team_scan(value);
+      std::uint32_t sum = value;
+      team.team_reduce(Kokkos::Sum<std::uint32_t>(sum));
+      total = sum;
+      return before;
+#endif
+    }
+  }
+
+  // Pass 1. Returns this thread's counts: valid entries in the low half,
+  // entries that need a hot slot in the high. Group i holds entries i, i + G,
+  // ... (coalesced loads). `request` -1 maps every entry to -1; `cached` hot
+  // block table entries are copied to scratch. On CUDA the state's
+  // slot_rows and lru are prefetched for pass 3 (not for a padding row).
+  KOKKOS_INLINE_FUNCTION std::uint32_t map_entries(const member_type& team, const hisparse::ResolveScratch& s,
+                                                   std::int64_t row, std::int32_t request, std::int64_t hot_table_row,
+                                                   std::int32_t cached, const std::int32_t* slot_rows,
+                                                   const std::int16_t* lru, bool prefetch) const {
     const std::int32_t* in = a.logical + row * a.logical_stride;
     const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
     const std::int32_t K = a.top_k;
     const std::int32_t G = entry_groups();
-    long long counts = 0;  // valid entries in the low 32 bits, pending entries in the high
-    Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(team, G),
-        [&](const std::int32_t i, long long& sum) {
-          std::int32_t tok[E], g[E], resident[E];
-          for (int u = 0; u < E; ++u) {
-            const std::int32_t j = i + u * G;
-            tok[u] = j < K ? in[j] : -1;
-          }
-          // While the loads are in flight: clear the set, copy the hot block table.
-          for (std::int32_t h = i; h < hash_size(); h += G) s.words[h] = hisparse::empty_word;
-          for (std::int32_t b = i; b < cached; b += G) s.hot_blocks[b] = hot_table[b];
-          for (int u = 0; u < E; ++u) {
-            g[u] = source_block(request, tok[u]);
-            resident[u] = resident_block(request, tok[u]);
-          }
-          for (int u = 0; u < E; ++u) {
-            g[u] = host_row(g[u], tok[u]);
-            resident[u] = resident_row(resident[u], tok[u]);
-          }
-          for (int u = 0; u < E; ++u) {
-            const std::int32_t j = i + u * G;
-            if (j >= K) break;
-            if (a.resolved_rows != nullptr) a.resolved_rows[row * a.out_stride + j] = g[u];
-            const bool pending = resident[u] < 0 && g[u] >= 0;
-            if (!pending) {
-              store(row, j, resident[u]);
-              if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 0;
-            }
-            s.host_rows[j] = pending ? g[u] : hisparse::done;
-            s.position[j] = 0;  // pass 2 sets it for pending entries
-            sum += (resident[u] >= 0 || g[u] >= 0 ? 1LL : 0LL) + (pending ? (1LL << 32) : 0LL);
-          }
-        },
-        counts);
-    Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      if (a.valid_counts != nullptr) a.valid_counts[row] = static_cast<std::int32_t>(counts & 0xffffffffLL);
-    });
-    return static_cast<std::int32_t>(counts >> 32);
+    std::uint32_t counts = 0;
+    for (std::int32_t i = team.team_rank(); i < G; i += team.team_size()) {
+      std::int32_t tok[E], g[E], resident[E];
+      for (int u = 0; u < E; ++u) {
+        const std::int32_t j = i + u * G;
+        tok[u] = j < K ? in[j] : -1;
+      }
+      // While the loads are in flight: clear the set, copy the hot block table.
+      for (std::int32_t h = i; h < hash_size(); h += G) s.words[h] = hisparse::empty_word;
+#if defined(__CUDA_ARCH__)
+      // Pass 3 reads these two barriers from now: bring them to this SM's L1
+      // while the table loads are in flight (after the entry loads, which
+      // must not wait for the state).
+      if (prefetch) {
+        for (std::int32_t k = i; k < slot_groups(); k += G) {
+          asm volatile("prefetch.L1 [%0];" ::"l"(slot_rows + k * S));
+          asm volatile("prefetch.L1 [%0];" ::"l"(lru + k * S));
+        }
+      }
+#else
+      (void)slot_rows;
+      (void)lru;
+      (void)prefetch;
+#endif
+      for (std::int32_t b = i; b < cached; b += G) s.hot_blocks[b] = hot_table[b];
+      for (int u = 0; u < E; ++u) {
+        g[u] = source_block(request, tok[u]);
+        resident[u] = resident_block(request, tok[u]);
+      }
+      for (int u = 0; u < E; ++u) {
+        g[u] = host_row(g[u], tok[u]);
+        resident[u] = resident_row(resident[u], tok[u]);
+      }
+      for (int u = 0; u < E; ++u) {
+        const std::int32_t j = i + u * G;
+        if (j >= K) break;
+        if (a.resolved_rows != nullptr) a.resolved_rows[row * a.out_stride + j] = g[u];
+        const bool pending = resident[u] < 0 && g[u] >= 0;
+        if (!pending) {
+          store(row, j, resident[u]);
+          if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 0;
+        }
+        s.host_rows[j] = pending ? g[u] : hisparse::done;
+        s.position[j] = 0;  // pass 2 sets it for pending entries
+        counts += (resident[u] >= 0 || g[u] >= 0 ? 1u : 0u) + (pending ? high_count : 0u);
+      }
+    }
+    return counts;
   }
 
-  // Pass 2. Returns the number of distinct host rows.
-  KOKKOS_INLINE_FUNCTION std::int32_t build_set(const member_type& team, const hisparse::ResolveScratch& s) const {
+  // Pass 2. Returns how many distinct host rows this thread added to the set.
+  KOKKOS_INLINE_FUNCTION std::uint32_t build_set(const member_type& team, const hisparse::ResolveScratch& s) const {
     const std::int32_t K = a.top_k;
     const std::int32_t G = entry_groups();
-    std::int32_t distinct = 0;
-    Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(team, G),
-        [&](const std::int32_t i, std::int32_t& sum) {
-          std::int32_t j[E], g[E], h[E];
-          for (int u = 0; u < E; ++u) {
-            j[u] = i + u * G;
-            g[u] = j[u] < K ? s.host_rows[j[u]] : hisparse::done;
-          }
-          sum += insert_keys(s, g, j, h);
-          for (int u = 0; u < E; ++u) {
-            if (g[u] >= 0) s.position[j[u]] = static_cast<std::uint16_t>(h[u]);
-          }
-        },
-        distinct);
+    std::uint32_t distinct = 0;
+    for (std::int32_t i = team.team_rank(); i < G; i += team.team_size()) {
+      std::int32_t j[E], g[E], h[E];
+      for (int u = 0; u < E; ++u) {
+        j[u] = i + u * G;
+        g[u] = j[u] < K ? s.host_rows[j[u]] : hisparse::done;
+      }
+      distinct += static_cast<std::uint32_t>(insert_keys(s, g, j, h));
+      for (int u = 0; u < E; ++u) {
+        if (g[u] >= 0) s.position[j[u]] = static_cast<std::uint16_t>(h[u]);
+      }
+    }
     return distinct;
   }
 
   // Pass 3. Group i holds slots 8i .. 8i + 7 and LRU positions 8i .. 8i + 7.
-  // Returns the hit slots in the low 32 bits, the keys they hold in the high.
-  KOKKOS_INLINE_FUNCTION long long classify_slots(const member_type& team, const hisparse::ResolveScratch& s,
-                                                  const std::int32_t* slot_rows, const std::int16_t* lru) const {
+  // Returns this thread's hit slots in the low half, the keys they hold
+  // (first holder only) in the high.
+  KOKKOS_INLINE_FUNCTION std::uint32_t classify_slots(const member_type& team, const hisparse::ResolveScratch& s,
+                                                      const std::int32_t* slot_rows, const std::int16_t* lru) const {
     const std::int32_t H = a.hot_slots;
-    long long counts = 0;
-    Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(team, slot_groups()),
-        [&](const std::int32_t i, long long& sum) {
-          const std::int32_t first = i * S;
-          std::int32_t g[S];
-          std::int16_t old_order[S];
-          for (int u = 0; u < S; ++u) {
-            g[u] = first + u < H ? slot_rows[first + u] : -1;
-            old_order[u] = first + u < H ? lru[first + u] : std::int16_t{0};
-          }
-          // Copied into the scratch that pass 4 overwrites: the copy is never
-          // read, but its loads, issued with slot_rows', bring the row's lru
-          // into the cache, where pass 4 reads it again.
-          for (int u = 0; u < S; ++u) {
-            if (first + u < H) s.lru[first + u] = old_order[u];
-          }
-          std::int32_t h[S];
-          std::uint32_t w[S];
-          find_keys(s, g, h, w);
-          std::uint32_t flags = 0;
-          long long found = 0;
-          for (int u = 0; u < S; ++u) {
-            if (h[u] < 0) continue;
-            const std::uint32_t slot_word = (static_cast<std::uint32_t>(first + u + 1) << 16) | (w[u] & 0xFFFFu);
-            const std::uint32_t old = Kokkos::atomic_fetch_max(&s.words[h[u]], slot_word);
-            flags |= 1u << u;
-            found += 1 + ((old >> 16) == 0 ? (1LL << 32) : 0LL);
-          }
-          s.hit_flags[i] = static_cast<std::uint8_t>(flags);
-          sum += found;
-        },
-        counts);
+    std::uint32_t counts = 0;
+    for (std::int32_t i = team.team_rank(); i < slot_groups(); i += team.team_size()) {
+      const std::int32_t first = i * S;
+      std::int32_t g[S];
+      std::int16_t old_order[S];
+      for (int u = 0; u < S; ++u) {
+        g[u] = first + u < H ? slot_rows[first + u] : -1;
+        old_order[u] = first + u < H ? lru[first + u] : std::int16_t{0};
+      }
+      // Copied into the scratch that pass 4 overwrites: the copy is never
+      // read, but its loads, issued with slot_rows', bring the row's lru
+      // into the cache, where pass 4 reads it again.
+      for (int u = 0; u < S; ++u) {
+        if (first + u < H) s.lru[first + u] = old_order[u];
+      }
+      // The lookups go in two halves of four: all eight loads above are
+      // issued first, and four probes at a time keep the registers down.
+      std::uint32_t flags = 0;
+      for (int half = 0; half < S; half += S / 2) {
+        std::int32_t gh[S / 2], h[S / 2];
+        std::uint32_t w[S / 2];
+        for (int u = 0; u < S / 2; ++u) gh[u] = g[half + u];
+        find_keys(s, gh, h, w);
+        for (int u = 0; u < S / 2; ++u) {
+          if (h[u] < 0) continue;
+          const std::uint32_t slot_word = (static_cast<std::uint32_t>(first + half + u + 1) << 16) | (w[u] & 0xFFFFu);
+          const std::uint32_t old = Kokkos::atomic_fetch_max(&s.words[h[u]], slot_word);
+          flags |= 1u << (half + u);
+          counts += 1u + ((old >> 16) == 0 ? high_count : 0u);
+        }
+      }
+      s.hit_flags[i] = static_cast<std::uint8_t>(flags);
+    }
     return counts;
   }
 
-  // Pass 4. Scan element i is LRU positions 8i .. 8i + 7 and entries
-  // 4i .. 4i + 3; the prefix holds hits before in the low 32 bits, misses
-  // before in the high.
+  // Pass 4, scan element i: LRU positions 8i .. 8i + 7 and entries
+  // 4i .. 4i + 3. What the scan's first half reads, kept for its second.
+  struct OrderGroup {
+    std::int16_t slot[S];  // the old LRU order at positions 8i ..
+    std::uint32_t hit;     // bit u: slot[u] is a hit
+    std::int32_t h[E];     // hash positions of entries 4i ..
+    std::uint32_t miss;    // bit u: entry 4i + u is the first entry of a missing key
+    std::uint32_t count;   // hits in the low half, misses in the high
+  };
+
+  KOKKOS_INLINE_FUNCTION OrderGroup load_order_group(const hisparse::ResolveScratch& s, const std::int16_t* lru,
+                                                     std::int32_t i) const {
+    const std::int32_t H = a.hot_slots, K = a.top_k;
+    OrderGroup o{};
+    if (i < slot_groups()) {
+      const std::int32_t first = i * S;
+      for (int u = 0; u < S; ++u) o.slot[u] = first + u < H ? lru[first + u] : std::int16_t{0};
+      for (int u = 0; u < S; ++u) {
+        const bool hit = first + u < H && ((s.hit_flags[o.slot[u] >> 3] >> (o.slot[u] & 7)) & 1) != 0;
+        o.hit |= hit ? 1u << u : 0u;
+        o.count += hit ? 1u : 0u;
+      }
+    }
+    if (i < entry_groups()) {
+      const std::int32_t first = i * E;
+      for (int u = 0; u < E; ++u) o.h[u] = first + u < K ? s.position[first + u] : 0;
+      for (int u = 0; u < E; ++u) {
+        // The key's first entry, no slot and no miss number yet (a word is
+        // never an entry index that does not need a slot).
+        const bool miss = first + u < K && s.words[o.h[u]] == static_cast<std::uint32_t>(first + u);
+        o.miss |= miss ? 1u << u : 0u;
+        o.count += miss ? high_count : 0u;
+      }
+    }
+    return o;
+  }
+
+  // `before`: hits before group i in the low half, misses before in the high.
+  KOKKOS_INLINE_FUNCTION void place_order_group(const hisparse::ResolveScratch& s, const OrderGroup& o, std::int32_t i,
+                                                std::uint32_t before, std::int32_t hits, std::int32_t misses) const {
+    const std::int32_t H = a.hot_slots;
+    const std::int32_t untouched = H - hits - misses;
+    if (i < slot_groups()) {
+      const std::int32_t first = i * S;
+      std::int32_t hits_before = static_cast<std::int32_t>(before & 0xFFFFu);
+      for (int u = 0; u < S && first + u < H; ++u) {
+        std::int32_t to;
+        if ((o.hit >> u) & 1u) {
+          to = H - hits + hits_before;  // hits, in old order
+          ++hits_before;
+        } else {
+          const std::int32_t e = first + u - hits_before;  // evictable rank
+          to = e >= misses ? e - misses : untouched + e;   // untouched, then newly loaded
+        }
+        s.lru[to < 0 ? 0 : to] = o.slot[u];  // to < 0 only if slot_rows held a row twice
+      }
+    }
+    if (i < entry_groups()) {
+      const std::int32_t first = i * E;
+      std::uint32_t m = before >> 16;
+      for (int u = 0; u < E; ++u) {
+        if (((o.miss >> u) & 1u) == 0) continue;
+        s.words[o.h[u]] = (m << 16) | hisparse::miss_flag | static_cast<std::uint32_t>(first + u);
+        ++m;
+      }
+    }
+  }
+
+  // Pass 4: one prefix sum over scan elements (hits and misses before each).
+  // Each LRU position moves to its new place, and the first entry of each
+  // missing key gives the key its miss number. A thread takes consecutive
+  // elements (one at K = 2048, H = 4096 with 512 threads), so one team
+  // prefix sum orders them all.
   KOKKOS_INLINE_FUNCTION void order_slots(const member_type& team, const hisparse::ResolveScratch& s,
                                           const std::int16_t* lru, std::int32_t hits, std::int32_t misses) const {
-    const std::int32_t H = a.hot_slots, K = a.top_k;
     const std::int32_t position_groups = slot_groups(), entry_group_count = entry_groups();
-    const std::int32_t untouched = H - hits - misses;
     const std::int32_t n = position_groups > entry_group_count ? position_groups : entry_group_count;
-    Kokkos::parallel_scan(Kokkos::TeamThreadRange(team, n), [&](const std::int32_t i, long long& before,
-                                                                 const bool final) {
-      long long add = 0;
-      if (i < position_groups) {
-        const std::int32_t first = i * S;
-        std::int16_t slot[S];
-        for (int u = 0; u < S; ++u) slot[u] = first + u < H ? lru[first + u] : std::int16_t{0};
-        bool hit[S];
-        for (int u = 0; u < S; ++u) {
-          hit[u] = first + u < H && ((s.hit_flags[slot[u] >> 3] >> (slot[u] & 7)) & 1) != 0;
-          add += hit[u] ? 1 : 0;
-        }
-        if (final) {
-          std::int32_t hits_before = static_cast<std::int32_t>(before & 0xffffffffLL);
-          for (int u = 0; u < S && first + u < H; ++u) {
-            std::int32_t to;
-            if (hit[u]) {
-              to = H - hits + hits_before;  // hits, in old order
-              ++hits_before;
-            } else {
-              const std::int32_t e = first + u - hits_before;    // evictable rank
-              to = e >= misses ? e - misses : untouched + e;     // untouched, then newly loaded
-            }
-            s.lru[to < 0 ? 0 : to] = slot[u];  // to < 0 only if slot_rows held a row twice
-          }
-        }
-      }
-      if (i < entry_group_count) {
-        const std::int32_t first = i * E;
-        std::int32_t h[E];
-        bool miss[E];
-        std::int32_t count = 0;
-        for (int u = 0; u < E; ++u) h[u] = first + u < K ? s.position[first + u] : 0;
-        for (int u = 0; u < E; ++u) {
-          // The key's first entry, no slot and no miss number yet (a word is
-          // never an entry index that does not need a slot).
-          miss[u] = first + u < K && s.words[h[u]] == static_cast<std::uint32_t>(first + u);
-          count += miss[u] ? 1 : 0;
-        }
-        if (final) {
-          std::uint32_t m = static_cast<std::uint32_t>(before >> 32);
-          for (int u = 0; u < E; ++u) {
-            if (!miss[u]) continue;
-            s.words[h[u]] = (m << 16) | hisparse::miss_flag | static_cast<std::uint32_t>(first + u);
-            ++m;
-          }
-        }
-        add += static_cast<long long>(count) << 32;
-      }
-      before += add;
-    });
+    const std::int32_t per_thread = hisparse::groups(n, team.team_size());
+    const std::int32_t begin = team.team_rank() * per_thread;
+    const std::int32_t end = begin + per_thread < n ? begin + per_thread : n;
+    // The first element stays in registers across the prefix sum; later ones
+    // (larger shapes, the host) are read again.
+    const OrderGroup first = load_order_group(s, lru, begin);
+    std::uint32_t count = begin < end ? first.count : 0u;
+    for (std::int32_t i = begin + 1; i < end; ++i) count += load_order_group(s, lru, i).count;
+    std::uint32_t total = 0;
+    std::uint32_t before = team_prefix(team, s.totals + hisparse::team_total_words / 2, count, total);
+    if (begin < end) {
+      place_order_group(s, first, begin, before, hits, misses);
+      before += first.count;
+    }
+    for (std::int32_t i = begin + 1; i < end; ++i) {
+      const OrderGroup o = load_order_group(s, lru, i);
+      place_order_group(s, o, i, before, hits, misses);
+      before += o.count;
+    }
   }
 
   // Pass 5.
@@ -489,7 +601,20 @@ struct HiSparseResolve {
         }
       }
     });
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, H), [&](const std::int32_t p) { lru[p] = s.lru[p]; });
+    // The new LRU order, four positions a thread at a time: the scratch loads
+    // first (the compiler cannot tell the two apart), then the stores.
+    constexpr int lru_per_round = 4;
+    for (std::int32_t p0 = team.team_rank(); p0 < H; p0 += lru_per_round * team.team_size()) {
+      std::int16_t order[lru_per_round];
+      for (int u = 0; u < lru_per_round; ++u) {
+        const std::int32_t p = p0 + u * team.team_size();
+        order[u] = s.lru[p < H ? p : 0];
+      }
+      for (int u = 0; u < lru_per_round; ++u) {
+        const std::int32_t p = p0 + u * team.team_size();
+        if (p < H) lru[p] = order[u];
+      }
+    }
     Kokkos::single(Kokkos::PerTeam(team), [&]() {
       a.swap_counts[row] = misses;
       if (a.hit_miss_counters != nullptr) {
@@ -516,23 +641,29 @@ struct HiSparseResolve {
     void* base = scratch_level == 0 ? team.team_scratch(0).get_shmem(bytes) : team.team_scratch(1).get_shmem(bytes);
     const hisparse::ResolveScratch s = hisparse::ResolveScratch::carve(base, a.top_k, a.hot_slots, cached_blocks);
     const std::int64_t hot_table_row = a.hot_table_by_state && !padding ? state : row;
-    const std::int32_t pending =
-        map_entries(team, s, row, padding ? -1 : request, hot_table_row, padding ? 0 : cached_blocks);
-    if (pending == 0) {
+    std::uint32_t* const totals[2] = {s.totals, s.totals + hisparse::team_total_words / 2};
+    std::uint32_t counts = 0;
+    // State row 0 stands in for a padding row's (never read; not prefetched).
+    const std::int64_t state_row = padding ? 0 : state;
+    std::int32_t* slot_rows = a.slot_rows + state_row * a.slot_rows_stride;
+    std::int16_t* lru = a.lru + state_row * a.lru_stride;
+    team_prefix(team, totals[0],
+                map_entries(team, s, row, padding ? -1 : request, hot_table_row, padding ? 0 : cached_blocks,
+                            slot_rows, lru, !padding),
+                counts);
+    if (a.valid_counts != nullptr && team.team_rank() == 0) a.valid_counts[row] = static_cast<std::int32_t>(counts & 0xFFFFu);
+    if ((counts >> 16) == 0) {
       // Nothing can consult the hot slots (or a padding row): leave the LRU as it is.
-      Kokkos::single(Kokkos::PerTeam(team), [&]() { a.swap_counts[row] = 0; });
+      if (team.team_rank() == 0) a.swap_counts[row] = 0;
       return;
     }
-    team.team_barrier();
-    std::int32_t* slot_rows = a.slot_rows + state * a.slot_rows_stride;
-    std::int16_t* lru = a.lru + state * a.lru_stride;
-    const std::int32_t distinct = build_set(team, s);
-    team.team_barrier();
-    const long long found = classify_slots(team, s, slot_rows, lru);
-    team.team_barrier();
-    const std::int32_t hits = static_cast<std::int32_t>(found & 0xffffffffLL);
-    const std::int32_t misses = distinct - static_cast<std::int32_t>(found >> 32);
-    order_slots(team, s, lru, hits, misses);
+    std::uint32_t distinct = 0;
+    team_prefix(team, totals[1], build_set(team, s), distinct);
+    std::uint32_t found = 0;
+    team_prefix(team, totals[0], classify_slots(team, s, slot_rows, lru), found);
+    const std::int32_t hits = static_cast<std::int32_t>(found & 0xFFFFu);
+    const std::int32_t misses = static_cast<std::int32_t>(distinct) - static_cast<std::int32_t>(found >> 16);
+    order_slots(team, s, lru, hits, misses);  // its prefix sum uses totals[1]
     team.team_barrier();
     write_results(team, s, row, hot_table_row, slot_rows, lru, hits, misses);
   }
@@ -541,10 +672,10 @@ struct HiSparseResolve {
 template <class Space>
 void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
   if (a.num_rows == 0) return;
-  using policy_type = Kokkos::TeamPolicy<Space>;
+  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<512, 2>>;
   const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(a.hot_slots, a.hot_block_size);
   const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached);
-  // Production rows (K = 2048, H = 4096: 37,632 bytes) fit level-0 (shared
+  // Production rows (K = 2048, H = 4096: 37,888 bytes) fit level-0 (shared
   // memory) scratch; larger shapes take level-1 (global) scratch.
   const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
   policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(512));
