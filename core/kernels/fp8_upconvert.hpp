@@ -233,10 +233,24 @@ struct Fp8Upconvert {
     }
   }
 
+  // Loads unit u of the team's rows; returns its output row, or nullptr when
+  // the row has no source or no output.
+  KOKKOS_INLINE_FUNCTION std::uint16_t* load(const Page& page, std::int64_t id, std::int32_t first, std::int32_t u,
+                                             Loaded& l) const {
+    const std::int32_t i = first + u / fp8::units_per_row;  // 32-bit: a constant divisor is a multiply
+    const std::int64_t output = page.first_output + i;
+    const std::uint8_t* src = source_row(id, page.first_token + i);
+    if (output < 0 || src == nullptr) return nullptr;
+    load_unit(src, u % fp8::units_per_row, l);
+    return a.dst + output * a.dst_row_stride;
+  }
+
   // A team converts `rows_per_task` rows of one page, 40 units per row.
   // Team thread `lane` takes units lane, lane + lanes, ..., two at a time:
   // both loads go out before either store (the stores may alias the cache,
   // so the compiler would not hoist the second load over the first store).
+  // Two named slots, not an array indexed in a loop, which nvcc put in
+  // local memory (seen in the PTX).
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const std::int32_t task = team.league_rank();
     Page page{};
@@ -250,21 +264,12 @@ struct Fp8Upconvert {
     const std::int32_t lanes = team.team_size();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lanes), [&](const std::int32_t lane) {
       for (std::int32_t u0 = lane; u0 < units; u0 += 2 * lanes) {
-        Loaded l[2];
-        std::uint16_t* dst[2] = {nullptr, nullptr};
-        for (int p = 0; p < 2; ++p) {
-          const std::int32_t u = u0 + p * lanes;
-          if (u >= units) break;
-          const std::int32_t i = first + u / fp8::units_per_row;  // 32-bit: a constant divisor is a multiply
-          const std::int64_t output = page.first_output + i;
-          const std::uint8_t* src = source_row(id, page.first_token + i);
-          if (output < 0 || src == nullptr) continue;
-          load_unit(src, u % fp8::units_per_row, l[p]);
-          dst[p] = a.dst + output * a.dst_row_stride;
-        }
-        for (int p = 0; p < 2; ++p) {
-          if (dst[p] != nullptr) store_unit(l[p], dst[p], (u0 + p * lanes) % fp8::units_per_row);
-        }
+        const std::int32_t u1 = u0 + lanes;
+        Loaded l0{}, l1{};
+        std::uint16_t* d0 = load(page, id, first, u0, l0);
+        std::uint16_t* d1 = u1 < units ? load(page, id, first, u1, l1) : nullptr;
+        if (d0 != nullptr) store_unit(l0, d0, u0 % fp8::units_per_row);
+        if (d1 != nullptr) store_unit(l1, d1, u1 % fp8::units_per_row);
       }
     });
   }
