@@ -20,7 +20,7 @@
 // of them; the prefix sums run over groups, and the LRU walk and the miss
 // numbering share one. Each team sum is one barrier (team_prefix: a warp
 // shuffle scan, one word per warp through scratch), and that barrier is also
-// the one between two passes. LaunchBounds<512, 2> keeps the kernel at 64
+// the one between two passes. LaunchBounds<512, 2> keeps the kernel within 64
 // registers so that two rows' teams fit an SM. On the host a team is one
 // thread and the same passes run as loops.
 //
