@@ -1,0 +1,268 @@
+// The top-k conversion's Kokkos kernel next to plain CUDA kernels of the same
+// algorithm, on the same data, timed the same way (median per launch over
+// CUDA graph replays, inputs rotated): how much of a miss in
+// docs/PERFORMANCE.md is the Kokkos form and how much the algorithm.
+//
+//   build/cuda/bin/sparse-mla-convert-vs-cuda
+//
+// Built only in CUDA builds (a Kokkos with CUDA); not part of the library.
+// Every kernel's output is checked against a scalar loop before it is timed.
+#include <Kokkos_Core.hpp>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "topk_convert.hpp"
+
+namespace {
+
+using Space = Kokkos::Cuda;
+constexpr int K = 2048;                 // DeepSeek-V3.2's top-k
+constexpr int block_size = 64;          // rows per page (the raw kernels shift by 6)
+constexpr int blocks_per_request = 512;  // a 32768-token context
+constexpr int requests = 128;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+__global__ void empty_kernel() {}
+
+// One block per token, THREADS threads, each converting IN_FLIGHT 16-byte
+// units whose loads are issued before any is used; the count is a warp
+// shuffle sum, then one barrier.
+template <int THREADS, int IN_FLIGHT>
+__global__ void __launch_bounds__(THREADS)
+    raw_convert(const int* __restrict__ req, const int* __restrict__ table, const int4* __restrict__ in,
+                int4* __restrict__ out, int* __restrict__ counts, int units) {
+  const int t = static_cast<int>(blockIdx.x);
+  const int* row = table + static_cast<long long>(__ldg(req + t)) * blocks_per_request;
+  const int4* src = in + static_cast<long long>(t) * units;
+  int4* dst = out + static_cast<long long>(t) * units;
+  int count = 0;
+  for (int q0 = static_cast<int>(threadIdx.x); q0 < units; q0 += THREADS * IN_FLIGHT) {
+    int4 v[IN_FLIGHT];
+#pragma unroll
+    for (int u = 0; u < IN_FLIGHT; ++u) {
+      if (q0 + u * THREADS < units) v[u] = __ldg(src + q0 + u * THREADS);
+    }
+#pragma unroll
+    for (int u = 0; u < IN_FLIGHT; ++u) {
+      const int q = q0 + u * THREADS;
+      if (q >= units) break;
+      int r[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tok = r[i];
+        const int b = tok >> 6;
+        const bool inside = tok >= 0 && b < blocks_per_request;
+        const int start = __ldg(row + (inside ? b : 0));
+        r[i] = inside ? start * block_size + (tok & (block_size - 1)) : -1;
+        count += r[i] != -1;
+      }
+      dst[q] = make_int4(r[0], r[1], r[2], r[3]);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) count += __shfl_xor_sync(0xffffffffu, count, o);
+  __shared__ int partial[THREADS / 32];
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = count;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    int sum = threadIdx.x < THREADS / 32 ? partial[threadIdx.x] : 0;
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (threadIdx.x == 0) counts[t] = sum;
+  }
+}
+
+struct EmptyTeam {
+  KOKKOS_INLINE_FUNCTION void operator()(const Kokkos::TeamPolicy<Space>::member_type&) const {}
+};
+
+// Inputs like `sparse-mla bench`'s: token t reads request t % 128's row of a
+// shuffled block table; about 3% of positions are -1.
+struct Inputs {
+  int tokens, sets;
+  std::vector<int> req, table, logical;
+  int *d_req = nullptr, *d_table = nullptr, *d_in = nullptr, *d_out = nullptr, *d_counts = nullptr;
+
+  Inputs(int num_tokens, int num_sets) : tokens(num_tokens), sets(num_sets) {
+    std::mt19937 rng(static_cast<unsigned>(num_tokens));
+    req.resize(static_cast<std::size_t>(tokens));
+    for (int i = 0; i < tokens; ++i) req[static_cast<std::size_t>(i)] = i % std::min(tokens, requests);
+    table.resize(static_cast<std::size_t>(requests) * blocks_per_request);
+    for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int>(i);
+    std::shuffle(table.begin(), table.end(), rng);
+    logical.resize(static_cast<std::size_t>(tokens) * K);
+    for (int& x : logical) {
+      const unsigned d = rng() % 3276800u;
+      x = d < 98304u ? -1 : static_cast<int>(d % 32768u);
+    }
+    const std::size_t entries = static_cast<std::size_t>(tokens) * K;
+    check(cudaMalloc(&d_req, req.size() * 4), "cudaMalloc");
+    check(cudaMalloc(&d_table, table.size() * 4), "cudaMalloc");
+    check(cudaMalloc(&d_in, entries * 4 * static_cast<std::size_t>(sets)), "cudaMalloc");
+    check(cudaMalloc(&d_out, entries * 4 * static_cast<std::size_t>(sets)), "cudaMalloc");
+    check(cudaMalloc(&d_counts, static_cast<std::size_t>(tokens) * 4 * static_cast<std::size_t>(sets)), "cudaMalloc");
+    check(cudaMemcpy(d_req, req.data(), req.size() * 4, cudaMemcpyHostToDevice), "upload");
+    check(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "upload");
+    for (int s = 0; s < sets; ++s) {
+      check(cudaMemcpy(d_in + entries * static_cast<std::size_t>(s), logical.data(), entries * 4, cudaMemcpyHostToDevice),
+            "upload");
+    }
+  }
+  ~Inputs() {
+    cudaFree(d_req);
+    cudaFree(d_table);
+    cudaFree(d_in);
+    cudaFree(d_out);
+    cudaFree(d_counts);
+  }
+  std::size_t entries() const { return static_cast<std::size_t>(tokens) * K; }
+  int* in(int s) const { return d_in + entries() * static_cast<std::size_t>(s); }
+  int* out(int s) const { return d_out + entries() * static_cast<std::size_t>(s); }
+  int* counts(int s) const { return d_counts + static_cast<std::size_t>(tokens) * static_cast<std::size_t>(s); }
+
+  sparse_mla::TopkConvertArgs args(int s, bool with_counts) const {
+    sparse_mla::TopkConvertArgs a{};
+    a.req_id = d_req;
+    a.block_table = d_table;
+    a.block_table_stride = blocks_per_request;
+    a.blocks_per_request = blocks_per_request;
+    a.logical = in(s);
+    a.logical_stride = K;
+    a.physical = out(s);
+    a.physical_stride = K;
+    a.valid_counts = with_counts ? counts(s) : nullptr;
+    a.num_tokens = tokens;
+    a.num_topk = K;
+    a.block_size = block_size;
+    a.block_stride_rows = block_size;
+    return a;
+  }
+
+  // "" or the first difference from the scalar conversion.
+  std::string compare(bool with_counts) const {
+    std::vector<int> physical(entries()), valid(static_cast<std::size_t>(tokens));
+    check(cudaMemcpy(physical.data(), out(0), entries() * 4, cudaMemcpyDeviceToHost), "download");
+    check(cudaMemcpy(valid.data(), counts(0), valid.size() * 4, cudaMemcpyDeviceToHost), "download");
+    for (int t = 0; t < tokens; ++t) {
+      int count = 0;
+      for (int j = 0; j < K; ++j) {
+        const std::size_t e = static_cast<std::size_t>(t) * K + static_cast<std::size_t>(j);
+        const int tok = logical[e];
+        const int want = tok < 0 ? -1
+                                 : table[static_cast<std::size_t>(req[static_cast<std::size_t>(t)]) * blocks_per_request +
+                                         static_cast<std::size_t>(tok / block_size)] * block_size + tok % block_size;
+        count += want != -1;
+        if (physical[e] != want) return "physical[" + std::to_string(t) + ", " + std::to_string(j) + "] differs";
+      }
+      if (with_counts && valid[static_cast<std::size_t>(t)] != count) return "count of token " + std::to_string(t) + " differs";
+    }
+    return "";
+  }
+};
+
+// Median microseconds per launch: `launches` launches (cycling over the
+// sets) captured into one graph, replayed 25 times, the first 3 untimed.
+double time_graph(cudaStream_t stream, int launches, int sets, const std::function<void(int)>& launch) {
+  for (int s = 0; s < sets; ++s) launch(s);
+  check(cudaStreamSynchronize(stream), "warm-up");
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+  for (int i = 0; i < launches; ++i) launch(i % sets);
+  check(cudaStreamEndCapture(stream, &graph), "capture");
+  check(cudaGraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  std::vector<double> per_launch;
+  for (int r = 0; r < 25; ++r) {
+    check(cudaEventRecord(start, stream), "record");
+    check(cudaGraphLaunch(exec, stream), "replay");
+    check(cudaEventRecord(stop, stream), "record");
+    check(cudaEventSynchronize(stop), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    if (r >= 3) per_launch.push_back(ms * 1000.0 / launches);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::sort(per_launch.begin(), per_launch.end());
+  return per_launch[per_launch.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Kokkos::initialize(argc, argv);
+  int status = 0;
+  {
+    cudaStream_t stream;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    const Space space(stream, Kokkos::Impl::ManageStream::no);
+    std::printf("%-8s %-26s %10s %10s  %s\n", "T", "kernel", "us", "GB/s", "check");
+    for (const int T : {1, 256, 1024, 32768}) {
+      const int sets = T >= 32768 ? 2 : (T >= 1024 ? 8 : 32);
+      Inputs in(T, sets);
+      const int units = K / 4;
+      auto raw = [&](auto kernel, int threads) {
+        return [&, kernel, threads](int s) {
+          kernel<<<T, threads, 0, stream>>>(in.d_req, in.d_table, reinterpret_cast<const int4*>(in.in(s)),
+                                             reinterpret_cast<int4*>(in.out(s)), in.counts(s), units);
+        };
+      };
+      struct Variant {
+        std::string name;
+        std::function<void(int)> launch;
+        bool checked;
+        bool counts;
+      };
+      const std::vector<Variant> variants = {
+          {"kokkos (library)", [&](int s) { sparse_mla::kernels::convert_topk(space, in.args(s, true)); }, true, true},
+          {"kokkos, no counts", [&](int s) { sparse_mla::kernels::convert_topk(space, in.args(s, false)); }, true, false},
+          {"raw 512 x 1 unit", raw(raw_convert<512, 1>, 512), true, true},
+          {"raw 256 x 2 units", raw(raw_convert<256, 2>, 256), true, true},
+          {"raw 128 x 4 units", raw(raw_convert<128, 4>, 128), true, true},
+          {"kokkos empty team kernel",
+           [&](int) {
+             Kokkos::TeamPolicy<Space> policy(space, T, 16, 32);
+             policy.set_scratch_size(0, Kokkos::PerTeam(64));
+             Kokkos::parallel_for(policy, EmptyTeam{});
+           },
+           false, false},
+          {"raw empty kernel", [&](int) { empty_kernel<<<T, 512, 0, stream>>>(); }, false, false},
+      };
+      for (const Variant& v : variants) {
+        std::string verdict = "-";
+        if (v.checked) {
+          check(cudaMemsetAsync(in.out(0), 0xA5, in.entries() * 4, stream), "poison");
+          check(cudaMemsetAsync(in.counts(0), 0xA5, static_cast<std::size_t>(T) * 4, stream), "poison");
+          v.launch(0);
+          check(cudaStreamSynchronize(stream), "check run");
+          verdict = in.compare(v.counts);
+          if (!verdict.empty()) status = 1;
+          if (verdict.empty()) verdict = "ok";
+        }
+        const double us = time_graph(stream, T >= 32768 ? 20 : 200, sets, v.launch);
+        const double gbs = (8.0 * T * K + 4.0 * T) / (us * 1e3);
+        std::printf("%-8d %-26s %10.2f %10.0f  %s\n", T, v.name.c_str(), us, gbs, verdict.c_str());
+      }
+    }
+    check(cudaStreamDestroy(stream), "stream");
+  }
+  Kokkos::finalize();
+  return status;
+}
