@@ -9,6 +9,7 @@
 #include <string>
 
 #include "sparse_mla/device.hpp"
+#include "sparse_mla/error.hpp"
 
 namespace sparse_mla::testing {
 
@@ -21,6 +22,23 @@ class BackendTest : public ::testing::TestWithParam<std::string> {
     if (!device->has_kernels()) GTEST_SKIP() << GetParam() << ": this build has no kernels for this backend";
   }
   std::shared_ptr<Device> device;
+};
+
+// A BackendTest that also skips, with the backend's reason, where the
+// backend does not capture graphs (the host backend).
+class GraphBackendTest : public BackendTest {
+ protected:
+  void SetUp() override {
+    BackendTest::SetUp();
+    if (IsSkipped()) return;
+    auto probe = device->create_stream();
+    try {
+      probe->begin_capture();
+      probe->end_capture();
+    } catch (const Error& e) {
+      GTEST_SKIP() << e.what();
+    }
+  }
 };
 
 inline std::string backend_param_name(const ::testing::TestParamInfo<std::string>& info) { return info.param; }

@@ -21,20 +21,7 @@
 namespace sparse_mla::testing {
 namespace {
 
-class GraphCaptureTest : public BackendTest {
- protected:
-  void SetUp() override {
-    BackendTest::SetUp();
-    if (IsSkipped()) return;
-    auto probe = device->create_stream();
-    try {
-      probe->begin_capture();
-      probe->end_capture();
-    } catch (const Error& e) {
-      GTEST_SKIP() << e.what();
-    }
-  }
-};
+class GraphCaptureTest : public GraphBackendTest {};
 SPARSE_MLA_INSTANTIATE_BACKENDS(GraphCaptureTest);
 
 constexpr int num_layers = 6;
