@@ -78,7 +78,7 @@ void gather_hisparse(const Space& space, const HiSparseGatherArgs& a) {
   const std::int64_t useful = (a.max_swaps + copiers - 1) / copiers;
   const int teams_per_row = is_host_space<Space> ? 1 : static_cast<int>(wanted < useful ? wanted : useful);
   const int team_size = row_team_size<Space>(copiers);
-  const int vector_length = is_host_space<Space> ? 1 : 32;
+  constexpr int vector_length = warp_lanes<Space>();
   Kokkos::parallel_for("sparse_mla::gather_hisparse",
                        Kokkos::TeamPolicy<Space>(space, static_cast<int>(a.num_rows) * teams_per_row, team_size,
                                                  vector_length),

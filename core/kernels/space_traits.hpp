@@ -20,6 +20,13 @@ constexpr int row_team_size(int gpu_threads) {
   return is_host_space<Space> ? 1 : gpu_threads;
 }
 
+// Vector length for kernels whose team threads work with vector lanes: a
+// warp (32 lanes) on GPUs, one lane on CPUs.
+template <class Space>
+constexpr int warp_lanes() {
+  return is_host_space<Space> ? 1 : 32;
+}
+
 // 16 bytes, loaded and stored as one unit on GPUs (ld.global.v4).
 #if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
 #define SPARSE_MLA_MAY_ALIAS __attribute__((__may_alias__))

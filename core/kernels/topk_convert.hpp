@@ -157,7 +157,7 @@ struct TopkConvert {
 
 template <class Space, int UnitsInFlight, class Split>
 void launch_convert_topk(const Space& space, const TopkConvertArgs& a, Split split, bool vector4, int threads) {
-  const int lanes = is_host_space<Space> ? 1 : 32;
+  constexpr int lanes = warp_lanes<Space>();
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(a.num_tokens), threads / lanes, lanes);
   policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * static_cast<std::size_t>(threads / lanes)));
   Kokkos::parallel_for("sparse_mla::convert_topk", policy, TopkConvert<Space, Split, UnitsInFlight>{a, split, vector4, lanes});
