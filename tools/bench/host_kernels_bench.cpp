@@ -163,20 +163,11 @@ void BM_StreamCopy(benchmark::State& state) {
 // upconvert likewise. memcpy sizes: the same kernels' output bytes.
 BENCHMARK(BM_TopkConvert)->Arg(64)->Arg(4096)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_GatherUpconvertFp8)->Arg(2048)->Arg(65536)->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_Memcpy)
-    ->Arg(64 * 2048 * 4)
-    ->Arg(4096 * 2048 * 4)
-    ->Arg(2048 * 1152)
-    ->Arg(65536 * 1152)
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
-BENCHMARK(BM_StreamCopy)
-    ->Arg(64 * 2048 * 4)
-    ->Arg(4096 * 2048 * 4)
-    ->Arg(2048 * 1152)
-    ->Arg(65536 * 1152)
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
+void kernel_output_sizes(benchmark::internal::Benchmark* b) {
+  b->Arg(64 * 2048 * 4)->Arg(4096 * 2048 * 4)->Arg(2048 * 1152)->Arg(65536 * 1152);
+}
+BENCHMARK(BM_Memcpy)->Apply(kernel_output_sizes)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_StreamCopy)->Apply(kernel_output_sizes)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 
