@@ -208,18 +208,34 @@ TEST_P(Fp8UpconvertTest, EveryByteUnderEveryKindOfScale) {
   auto rng = seeded_rng(11);
   for (Fp8Format format : formats) {
     SCOPED_TRACE(fp8_format_name(format));
-    // Rows 2p and 2p+1 together hold all 256 byte values in each 128-value
-    // group, all under scale p.
+    // Rows 8p .. 8p + 7 are under scale p. Each pair of them holds all 256
+    // byte values in each 128-value group, as four variants, so that every
+    // byte goes through both decode paths (units of 16 values without a NaN
+    // byte decode four bytes at a time, units with one a byte at a time):
+    // 0 as is, 1 with the NaN bytes made 0 (every unit fast), 2 and 3 with
+    // a NaN forced into each unit's first or last byte (every unit slow).
+    // A row's NaN bytes are those of values 0x7F, 0xFF (e4m3fn) or 0x80.
     Fp8GatherInputs in;
     const auto scales = std::size(special_scales) + 8;
     in.cache_block_size = in.block_size = 64;
-    const std::int64_t rows = 2 * static_cast<std::int64_t>(scales);
+    const std::int64_t rows = 8 * static_cast<std::int64_t>(scales);
     in.num_blocks = (rows + 63) / 64;
     in.cache = random_rows(rng, in.num_blocks * 64);
+    const bool fnuz = format == Fp8Format::e4m3fnuz;
+    const auto is_nan = [fnuz](std::uint8_t b) { return fnuz ? b == 0x80 : (b & 0x7F) == 0x7F; };
+    const std::uint8_t nan = fnuz ? 0x80 : 0x7F;
     for (std::int64_t r = 0; r < rows; ++r) {
       std::uint8_t* row = in.cache.data() + static_cast<std::size_t>(r) * row_bytes;
-      for (int e = 0; e < 512; ++e) row[e] = static_cast<std::uint8_t>(e % 128 + 128 * (r % 2));
-      const auto p = static_cast<std::size_t>(r / 2);
+      const auto variant = r % 8 / 2;
+      for (int e = 0; e < 512; ++e) {
+        // A different permutation of the 128 values in each row, so that a
+        // byte value does not always sit at the same place in its word.
+        auto b = static_cast<std::uint8_t>((e % 128 * 77 + 29 * (r / 2)) % 128 + 128 * (r % 2));
+        if (variant == 1 && is_nan(b)) b = 0;
+        if ((variant == 2 && e % 16 == 0) || (variant == 3 && e % 16 == 15)) b = nan;
+        row[e] = b;
+      }
+      const auto p = static_cast<std::size_t>(r / 8);
       for (int g = 0; g < 4; ++g) set_scale(row, g, p < std::size(special_scales) ? special_scales[p] : draw_scale(rng));
     }
     in.blocks_per_request = in.num_blocks;
@@ -228,7 +244,7 @@ TEST_P(Fp8UpconvertTest, EveryByteUnderEveryKindOfScale) {
     in.workspace_starts = {0};
     in.batch = 1;
     in.total_rows = rows;
-    in.fnuz = format == Fp8Format::e4m3fnuz;
+    in.fnuz = fnuz;
     EXPECT_TRUE(same_rows(run(in), expected(in)));
   }
 }

@@ -5,8 +5,10 @@
 // tasks cover every page. A team works through its page in 16-byte units:
 // each row is 32 units of 16 fp8 values (one 16-byte load, two 16-byte
 // stores of bf16) and 8 units of RoPE bytes, so consecutive threads touch
-// consecutive bytes of a row. The bf16 rounding is integer arithmetic on
-// the float32 product, so host and GPU agree bit for bit.
+// consecutive bytes of a row. Four fp8 bytes decode together in integer
+// operations on two bytes at a time; the float32 product is rounded to bf16
+// by the instruction the reference uses on CUDA, by exact integer rounding
+// elsewhere, so host and GPU agree bit for bit.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -61,15 +63,39 @@ KOKKOS_INLINE_FUNCTION std::uint32_t bf16_rne(float value) {
   return (u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FFFu : rounded;
 }
 
-// On CPUs the decode is a 256-entry table filled by decode() for each launch
-// (a load beats a dozen dependent operations there); GPUs compute it, as a
-// table lookup per lane would serialise on divergent addresses.
-struct DecodeTable {
-  float value[256];
-};
-struct NoTable {};
-template <class Space>
-using DecodeTableFor = std::conditional_t<is_host_space<Space>, DecodeTable, NoTable>;
+// Two floats to two bf16 (lo in bits 0-15), each as bf16_rne rounds it. On
+// sm_80 and later one cvt.rn.bf16x2.f32 rounds both: the instruction the
+// reference engine's kernel rounds with (NaN to 0x7FFF, subnormals kept).
+// Elsewhere the integer rounding above.
+KOKKOS_INLINE_FUNCTION std::uint32_t bf16x2_rne(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  std::uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+  return packed;
+#else
+  return bf16_rne(lo) | bf16_rne(hi) << 16;
+#endif
+}
+
+// The decode of a little-endian word of four e4m3 bytes, two bytes per
+// 32-bit operation: the path of every unit without a NaN byte. spread_low
+// and spread_high put bytes 0-1 or 2-3 at the top of the word's two 16-bit
+// halves; scaled_down_pair keeps each sign bit and moves the 7 magnitude
+// bits down 4, into a bf16's exponent and mantissa fields. Each half is
+// then a bf16 (a float's top half) whose value is the byte's times
+// 2^-(127 - bias), the same float decode() builds a byte at a time.
+KOKKOS_INLINE_FUNCTION std::uint32_t spread_low(std::uint32_t w) { return (w & 0xFFu) << 8 | (w & 0xFF00u) << 16; }
+KOKKOS_INLINE_FUNCTION std::uint32_t spread_high(std::uint32_t w) { return (w & 0xFF0000u) >> 8 | (w & 0xFF000000u); }
+KOKKOS_INLINE_FUNCTION std::uint32_t scaled_down_pair(std::uint32_t x) {
+  return (x & 0x80008000u) | ((x >> 4) & 0x07F007F0u);
+}
+
+// Non-zero when a byte of `w` is a NaN: 0x7F or 0xFF in e4m3fn (low seven
+// bits all set), 0x80 in e4m3fnuz. No byte's sum carries into the next.
+KOKKOS_INLINE_FUNCTION std::uint32_t nan_bytes(std::uint32_t w, bool fnuz) {
+  const std::uint32_t low7 = w & 0x7F7F7F7Fu;
+  return fnuz ? ~(low7 + 0x7F7F7F7Fu) & w & 0x80808080u : (low7 + 0x01010101u) & 0x80808080u;
+}
 
 // 16-byte loads and stores: one vector access when aligned, bytes otherwise.
 template <bool Vector>
@@ -121,7 +147,6 @@ template <class Space, bool Vector, class Split>
 struct Fp8Upconvert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   Fp8UpconvertArgs a;
-  fp8::DecodeTableFor<Space> table;
   Split split;                    // of a.block_size
   std::int32_t rows_per_task;     // rows of a page one team converts
   std::int32_t chunks_per_page;   // teams per page task (32-bit: a 64-bit division is ~100 instructions)
@@ -136,26 +161,41 @@ struct Fp8Upconvert {
   };
 
   // Task -> page: the reference engine's numbering, requests in order.
+  // The starts of `loads_together` requests are loaded before any is used
+  // (clamped indices, not branches, so the loads issue together): a team
+  // waits for one round of loads per 8 requests, not for one per request.
+  static constexpr std::int32_t loads_together = 8;
+
   KOKKOS_INLINE_FUNCTION bool page_of(std::int64_t task, Page& page) const {
     const std::int64_t total = a.total_rows;
     const std::int64_t bs = a.block_size;
-    for (std::int32_t r = 0; r < a.batch; ++r) {
-      const std::int64_t begin = fp8::min64(a.workspace_starts[r], total);
-      const std::int64_t end =
-          fp8::min64(r + 1 < a.batch ? a.workspace_starts[r + 1] : total, total);
-      const std::int64_t length = fp8::max64(end - begin, 0);
-      const std::int64_t source = a.seq_starts != nullptr ? a.seq_starts[r] : 0;
-      if (source < 0) continue;  // no valid source rows: leaves its rows unwritten
-      const std::int64_t first_block = split.block(source);
-      const std::int64_t pages = split.block(source + length + bs - 1) - first_block;
-      if (task < pages) {
-        const std::int64_t block = first_block + task;
-        const std::int64_t copy_begin = fp8::max64(source, block * bs);
-        const std::int64_t copy_end = fp8::min64(source + length, (block + 1) * bs);
-        page = Page{r, block, copy_begin - block * bs, copy_end - copy_begin, begin + copy_begin - source};
-        return true;
+    const std::int32_t last = a.batch - 1;
+    for (std::int32_t r0 = 0; r0 < a.batch; r0 += loads_together) {
+      std::int32_t start[loads_together + 1], source[loads_together];
+      for (int u = 0; u <= loads_together; ++u) {
+        start[u] = a.workspace_starts[r0 + u < last ? r0 + u : last];
       }
-      task -= pages;
+      for (int u = 0; u < loads_together; ++u) {
+        source[u] = a.seq_starts != nullptr ? a.seq_starts[r0 + u < last ? r0 + u : last] : 0;
+      }
+      for (int u = 0; u < loads_together; ++u) {
+        const std::int32_t r = r0 + u;
+        if (r > last) return false;
+        const std::int64_t begin = fp8::min64(start[u], total);
+        const std::int64_t end = fp8::min64(r < last ? start[u + 1] : total, total);
+        const std::int64_t length = fp8::max64(end - begin, 0);
+        if (source[u] < 0) continue;  // no valid source rows: leaves its rows unwritten
+        const std::int64_t first_block = split.block(std::int64_t{source[u]});
+        const std::int64_t pages = split.block(source[u] + length + bs - 1) - first_block;
+        if (task < pages) {
+          const std::int64_t block = first_block + task;
+          const std::int64_t copy_begin = fp8::max64(source[u], block * bs);
+          const std::int64_t copy_end = fp8::min64(source[u] + length, (block + 1) * bs);
+          page = Page{r, block, copy_begin - block * bs, copy_end - copy_begin, begin + copy_begin - source[u]};
+          return true;
+        }
+        task -= pages;
+      }
     }
     return false;
   }
@@ -187,21 +227,30 @@ struct Fp8Upconvert {
     return a.host_cache + host_row * a.host_row_stride;
   }
 
-  KOKKOS_INLINE_FUNCTION float decoded(std::uint32_t byte) const {
-    if constexpr (is_host_space<Space>) {
-      return table.value[byte];
-    } else {
-      return fp8::decode(byte, a.format == Fp8Format::e4m3fnuz);
-    }
-  }
-
-  // 16 fp8 bytes (4 little-endian words) to 16 bf16 (8 words, two per word).
+  // 16 fp8 bytes (4 little-endian words) to 16 bf16 (8 words, two per word):
+  // bf16(value * scale), the value scaled down by 2^(127 - bias) (exact, see
+  // scaled_down_pair), multiplied back up (exact) and then by the scale, so
+  // the product is rounded once, as the reference rounds float(fp8) * scale.
+  // A unit with a NaN byte (rare) takes decode() a byte at a time.
   KOKKOS_INLINE_FUNCTION void upconvert16(const std::uint32_t in[4], float scale, std::uint32_t out[8]) const {
-    for (int i = 0; i < 8; ++i) {
-      const std::uint32_t pair = in[i / 2] >> (16 * (i % 2));
-      const std::uint32_t lo = fp8::bf16_rne(decoded(pair & 0xFFu) * scale);
-      const std::uint32_t hi = fp8::bf16_rne(decoded((pair >> 8) & 0xFFu) * scale);
-      out[i] = lo | (hi << 16);
+    const bool fnuz = a.format == Fp8Format::e4m3fnuz;
+    const std::uint32_t nan = fp8::nan_bytes(in[0], fnuz) | fp8::nan_bytes(in[1], fnuz) |
+                              fp8::nan_bytes(in[2], fnuz) | fp8::nan_bytes(in[3], fnuz);
+    if (nan == 0) {
+      const float unscale = fnuz ? 0x1p119f : 0x1p120f;
+      for (int i = 0; i < 4; ++i) {
+        const std::uint32_t low = fp8::scaled_down_pair(fp8::spread_low(in[i]));
+        const std::uint32_t high = fp8::scaled_down_pair(fp8::spread_high(in[i]));
+        out[2 * i] = fp8::bf16x2_rne(fp8::from_bits(low << 16) * unscale * scale,
+                                     fp8::from_bits(low & 0xFFFF0000u) * unscale * scale);
+        out[2 * i + 1] = fp8::bf16x2_rne(fp8::from_bits(high << 16) * unscale * scale,
+                                         fp8::from_bits(high & 0xFFFF0000u) * unscale * scale);
+      }
+    } else {
+      for (int i = 0; i < 8; ++i) {
+        const std::uint32_t pair = in[i / 2] >> (16 * (i % 2));
+        out[i] = fp8::bf16x2_rne(fp8::decode(pair & 0xFFu, fnuz) * scale, fp8::decode((pair >> 8) & 0xFFu, fnuz) * scale);
+      }
     }
   }
 
@@ -294,18 +343,14 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
   const std::int64_t chunks = (std::int64_t{a.block_size} + rows_per_task - 1) / rows_per_task;
   const int team = row_team_size<Space>(few_pages ? (rows_per_task * fp8::units_per_row + 31) / 32 * 32 : 512);
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(tasks * chunks), team);
-  fp8::DecodeTableFor<Space> table{};
-  if constexpr (is_host_space<Space>) {
-    for (std::uint32_t byte = 0; byte < 256; ++byte) table.value[byte] = fp8::decode(byte, a.format == Fp8Format::e4m3fnuz);
-  }
   with_block_split(a.block_size, [&](auto split) {
     using Split = decltype(split);
     if (vector) {
       Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
-                           Fp8Upconvert<Space, true, Split>{a, table, split, rows_per_task, static_cast<std::int32_t>(chunks)});
+                           Fp8Upconvert<Space, true, Split>{a, split, rows_per_task, static_cast<std::int32_t>(chunks)});
     } else {
       Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
-                           Fp8Upconvert<Space, false, Split>{a, table, split, rows_per_task, static_cast<std::int32_t>(chunks)});
+                           Fp8Upconvert<Space, false, Split>{a, split, rows_per_task, static_cast<std::int32_t>(chunks)});
     }
   });
 }
