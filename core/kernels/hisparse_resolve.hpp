@@ -73,8 +73,11 @@ constexpr std::uint32_t entry_bits = 0x7FFFu;
 constexpr std::uint32_t miss_flag = 0x8000u;
 static_assert(hisparse_max_hot_slots <= 32768, "entries, slots and miss numbers must fit the packed set words");
 
-constexpr int entries_per_group = 4;
-constexpr int slots_per_group = 8;  // one byte of hit flags
+// A team of `threads` takes entries and slots in groups of these sizes:
+// one entry group and one slot group per thread at K = 2048, H = 4096.
+constexpr int entries_per_group(int threads) { return threads >= 1024 ? 2 : 4; }
+constexpr int slots_per_group(int threads) { return 2 * entries_per_group(threads); }  // one byte of hit flags
+constexpr int min_slots_per_group = 4;
 // Up to this many hot blocks per row (H / hot_block_size) are cached in
 // scratch by pass 1, so the last pass maps slots to hot rows without global loads.
 constexpr std::int32_t max_cached_hot_blocks = 1024;
@@ -115,7 +118,7 @@ struct ResolveScratch {
   std::int32_t* hot_blocks;  // [cached]: the row's hot block table, or unused (cached = 0)
   std::uint16_t* position;   // [K]: hash position of entry j (entries that need a slot)
   std::int16_t* lru;         // [H]: the new LRU order (pass 4); pass 3 copies the old one here
-  std::uint8_t* hit_flags;   // [ceil(H / 8)]: bit s % 8 of byte s / 8 is set when slot s is a hit
+  std::uint8_t* hit_flags;   // [ceil(H / 4)]: bit s % S of byte s / S is set when slot s is a hit (S slots a group)
 
   // Hot block table entries cached per row: all of the row's, or 0.
   KOKKOS_INLINE_FUNCTION static std::int32_t cached_hot_blocks(std::int32_t hot_slots, std::int32_t hot_block_size) {
@@ -124,7 +127,8 @@ struct ResolveScratch {
   }
   KOKKOS_INLINE_FUNCTION static std::size_t bytes(std::int32_t top_k, std::int32_t hot_slots, std::int32_t cached) {
     const std::size_t k = static_cast<std::size_t>(top_k), h = static_cast<std::size_t>(hot_slots);
-    return 4 * (3 * k + static_cast<std::size_t>(team_total_words + cached)) + 2 * (k + h) + (h + 7) / 8;
+    return 4 * (3 * k + static_cast<std::size_t>(team_total_words + cached)) + 2 * (k + h) +
+           (h + min_slots_per_group - 1) / min_slots_per_group;
   }
   KOKKOS_INLINE_FUNCTION static ResolveScratch carve(void* base, std::int32_t top_k, std::int32_t hot_slots,
                                                      std::int32_t cached) {
@@ -142,13 +146,15 @@ struct ResolveScratch {
 
 }  // namespace hisparse
 
-template <class Space>
+// Level: the team scratch level, a template argument so that the compiler
+// knows level-0 scratch is shared memory and reaches it with shared-memory
+// instructions (32-bit addresses) rather than generic ones.
+template <class Space, int Level, int Threads>
 struct HiSparseResolve {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
-  static constexpr int E = hisparse::entries_per_group;
-  static constexpr int S = hisparse::slots_per_group;
+  static constexpr int E = hisparse::entries_per_group(Threads);
+  static constexpr int S = hisparse::slots_per_group(Threads);
   HiSparseResolveArgs a;
-  int scratch_level;
   std::int32_t cached_blocks;  // hot block table entries cached in scratch per row
   hisparse::BlockSplit source_split, resident_split, hot_split;  // by a.source_block_size, ...
 
@@ -504,7 +510,7 @@ struct HiSparseResolve {
       const std::int32_t first = i * S;
       for (int u = 0; u < S; ++u) o.slot[u] = first + u < H ? lru[first + u] : std::int16_t{0};
       for (int u = 0; u < S; ++u) {
-        const bool hit = first + u < H && ((s.hit_flags[o.slot[u] >> 3] >> (o.slot[u] & 7)) & 1) != 0;
+        const bool hit = first + u < H && ((s.hit_flags[o.slot[u] / S] >> (o.slot[u] % S)) & 1) != 0;
         o.hit |= hit ? 1u << u : 0u;
         o.count += hit ? 1u : 0u;
       }
@@ -656,10 +662,8 @@ struct HiSparseResolve {
     // A padding row goes through pass 1 as a row whose request is outside the
     // tables: every output -1, counts 0, and it returns before its state.
     const bool padding = state < 0 || state >= a.num_state_rows;
-    // Constant scratch levels: a level known only at run time makes Kokkos
-    // keep its scratch cursors in local memory.
     const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached_blocks);
-    void* base = scratch_level == 0 ? team.team_scratch(0).get_shmem(bytes) : team.team_scratch(1).get_shmem(bytes);
+    void* base = team.team_scratch(Level).get_shmem(bytes);
     const hisparse::ResolveScratch s = hisparse::ResolveScratch::carve(base, a.top_k, a.hot_slots, cached_blocks);
     const std::int64_t hot_table_row = a.hot_table_by_state && !padding ? state : row;
     std::uint32_t* const totals[2] = {s.totals, s.totals + hisparse::team_total_words / 2};
@@ -690,24 +694,33 @@ struct HiSparseResolve {
   }
 };
 
+// One team of `Threads` threads per row (one on the host).
+template <class Space, int Threads>
+void resolve_hisparse_with(const Space& space, const HiSparseResolveArgs& a) {
+  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<Threads, 1024 / Threads>>;
+  const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(a.hot_slots, a.hot_block_size);
+  const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached);
+  // Production rows (K = 2048, H = 4096: 38,400 bytes) fit level-0 (shared
+  // memory) scratch; larger shapes take level-1 (global) scratch.
+  const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
+  policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(Threads));
+  policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
+  const hisparse::BlockSplit source = hisparse::BlockSplit::of(a.source_block_size);
+  const hisparse::BlockSplit resident = hisparse::BlockSplit::of(a.resident_block_size);
+  const hisparse::BlockSplit hot = hisparse::BlockSplit::of(a.hot_block_size);
+  if (level == 0) {
+    Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy,
+                         HiSparseResolve<Space, 0, Threads>{a, cached, source, resident, hot});
+  } else {
+    Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy,
+                         HiSparseResolve<Space, 1, Threads>{a, cached, source, resident, hot});
+  }
+}
+
 template <class Space>
 void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
   if (a.num_rows == 0) return;
-  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<512, 2>>;
-  const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(a.hot_slots, a.hot_block_size);
-  const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached);
-  // Production rows (K = 2048, H = 4096: 37,888 bytes) fit level-0 (shared
-  // memory) scratch; larger shapes take level-1 (global) scratch.
-  const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
-  policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(512));
-  policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
-  const HiSparseResolve<Space> functor{a,
-                                       level,
-                                       cached,
-                                       hisparse::BlockSplit::of(a.source_block_size),
-                                       hisparse::BlockSplit::of(a.resident_block_size),
-                                       hisparse::BlockSplit::of(a.hot_block_size)};
-  Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy, functor);
+  resolve_hisparse_with<Space, 512>(space, a);
 }
 
 }  // namespace sparse_mla::kernels
