@@ -2,10 +2,13 @@
 //
 // One team per page task, as the reference engine launches it: requests in
 // order, each split at block boundaries, ceil(T / block_size) + 2 * batch
-// tasks cover every page. A team works through its page in 16-byte units:
-// each row is 32 units of 16 fp8 values (one 16-byte load, two 16-byte
-// stores of bf16) and 8 units of RoPE bytes, so consecutive threads touch
-// consecutive bytes of a row. Four fp8 bytes decode together in integer
+// tasks cover every page. A team works through its page in units, 40 a row:
+// 32 units of 16 fp8 values and 8 units of 16 RoPE bytes. Unit k < 32 holds
+// values 8k .. 8k + 7 and 256 + 8k .. 256 + 8k + 7 (two 8-byte loads, two
+// 16-byte stores of bf16), so that consecutive threads load consecutive
+// 8-byte pieces and store consecutive 16-byte pieces: every store of a warp
+// fills whole 32-byte sectors (units of 16 consecutive values stored two
+// half sectors per thread, at a 32-byte stride). Four fp8 bytes decode together in integer
 // operations on two bytes at a time; the float32 product is rounded to bf16
 // by the instruction the reference uses on CUDA, by exact integer rounding
 // elsewhere, so host and GPU agree bit for bit.
@@ -22,7 +25,8 @@ namespace fp8 {
 
 constexpr int units_per_row = 40;  // 32 units of 16 fp8 values, 8 units of 16 RoPE bytes
 constexpr int nope_units = 32;
-constexpr int units_per_scale = 8;  // 128 values per scale
+constexpr int half_values = 256;    // a unit's second 8 values are this far from its first
+constexpr int units_per_scale = 16;  // 128 values per scale, 8 of them in each half of a unit
 
 union FloatBits {
   float f;
@@ -125,6 +129,26 @@ KOKKOS_INLINE_FUNCTION std::uint32_t load4(const std::uint8_t* p) {
     return reinterpret_cast<const Word*>(p)->value;
   } else {
     return std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 | std::uint32_t{p[3]} << 24;
+  }
+}
+
+// 8 bytes as two words: one vector access when aligned, bytes otherwise.
+struct SPARSE_MLA_MAY_ALIAS Int2 {
+  alignas(8) std::int32_t x;
+  std::int32_t y;
+};
+
+template <bool Vector>
+KOKKOS_INLINE_FUNCTION void load8(const std::uint8_t* p, std::uint32_t w[2]) {
+  if constexpr (Vector) {
+    const Int2 v = *reinterpret_cast<const Int2*>(p);
+    w[0] = static_cast<std::uint32_t>(v.x);
+    w[1] = static_cast<std::uint32_t>(v.y);
+  } else {
+    for (int i = 0; i < 2; ++i) {
+      w[i] = std::uint32_t{p[4 * i]} | std::uint32_t{p[4 * i + 1]} << 8 | std::uint32_t{p[4 * i + 2]} << 16 |
+             std::uint32_t{p[4 * i + 3]} << 24;
+    }
   }
 }
 
@@ -279,18 +303,16 @@ struct Fp8Upconvert {
     return a.host_cache + host_row * a.host_row_stride;
   }
 
-  // 16 fp8 bytes (4 little-endian words) to 16 bf16 (8 words, two per word):
+  // 8 fp8 bytes (2 little-endian words) to 8 bf16 (4 words, two per word):
   // bf16(value * scale), the value scaled down by 2^(127 - bias) (exact, see
   // scaled_down_pair), multiplied back up (exact) and then by the scale, so
   // the product is rounded once, as the reference rounds float(fp8) * scale.
-  // A unit with a NaN byte (rare) takes decode() a byte at a time.
-  KOKKOS_INLINE_FUNCTION void upconvert16(const std::uint32_t in[4], float scale, std::uint32_t out[8]) const {
+  // 8 bytes with a NaN byte (rare) take decode() a byte at a time.
+  KOKKOS_INLINE_FUNCTION void upconvert8(const std::uint32_t in[2], float scale, std::uint32_t out[4]) const {
     const bool fnuz = a.format == Fp8Format::e4m3fnuz;
-    const std::uint32_t nan = fp8::nan_bytes(in[0], fnuz) | fp8::nan_bytes(in[1], fnuz) |
-                              fp8::nan_bytes(in[2], fnuz) | fp8::nan_bytes(in[3], fnuz);
-    if (nan == 0) {
+    if ((fp8::nan_bytes(in[0], fnuz) | fp8::nan_bytes(in[1], fnuz)) == 0) {
       const float unscale = fnuz ? 0x1p119f : 0x1p120f;
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < 2; ++i) {
         const std::uint32_t low = fp8::scaled_down_pair(fp8::spread_low(in[i]));
         const std::uint32_t high = fp8::scaled_down_pair(fp8::spread_high(in[i]));
         out[2 * i] = fp8::bf16x2_rne(fp8::from_bits(low << 16) * unscale * scale,
@@ -299,24 +321,27 @@ struct Fp8Upconvert {
                                          fp8::from_bits(high & 0xFFFF0000u) * unscale * scale);
       }
     } else {
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < 4; ++i) {
         const std::uint32_t pair = in[i / 2] >> (16 * (i % 2));
         out[i] = fp8::bf16x2_rne(fp8::decode(pair & 0xFFu, fnuz) * scale, fp8::decode((pair >> 8) & 0xFFu, fnuz) * scale);
       }
     }
   }
 
-  // One 16-byte unit of a source row, loaded: 16 fp8 values and their scale
-  // (k < 32), or 16 RoPE bytes.
+  // One unit of a source row, loaded: two pieces of 8 fp8 values and their
+  // two scales (k < 32), or 16 RoPE bytes.
   struct Loaded {
     std::uint32_t in[4];
-    std::uint32_t scale_bits;
+    std::uint32_t scale_bits[2];
   };
 
   KOKKOS_INLINE_FUNCTION void load_unit(const std::uint8_t* src, int k, Loaded& l) const {
     if (k < fp8::nope_units) {
-      fp8::load16<Vector>(src + 16 * k, l.in);
-      l.scale_bits = fp8::load4<Vector>(src + fp8_scales_offset + 4 * (k / fp8::units_per_scale));
+      fp8::load8<Vector>(src + 8 * k, l.in);
+      fp8::load8<Vector>(src + fp8::half_values + 8 * k, l.in + 2);
+      const std::uint8_t* scales = src + fp8_scales_offset + 4 * (k / fp8::units_per_scale);
+      l.scale_bits[0] = fp8::load4<Vector>(scales);
+      l.scale_bits[1] = fp8::load4<Vector>(scales + 4 * (fp8::half_values / 128));
     } else {
       fp8::load16<Vector>(src + fp8_rope_offset + 16 * (k - fp8::nope_units), l.in);
     }
@@ -326,9 +351,10 @@ struct Fp8Upconvert {
     auto* out = reinterpret_cast<std::uint8_t*>(dst_row);
     if (k < fp8::nope_units) {
       std::uint32_t converted[8];
-      upconvert16(l.in, fp8::from_bits(l.scale_bits), converted);
-      fp8::store16<Vector>(out + 32 * k, converted);
-      fp8::store16<Vector>(out + 32 * k + 16, converted + 4);
+      upconvert8(l.in, fp8::from_bits(l.scale_bits[0]), converted);
+      upconvert8(l.in + 2, fp8::from_bits(l.scale_bits[1]), converted + 4);
+      fp8::store16<Vector>(out + 16 * k, converted);
+      fp8::store16<Vector>(out + 2 * fp8::half_values + 16 * k, converted + 4);
     } else {
       fp8::store16<Vector>(out + 2 * fp8_nope_values + 16 * (k - fp8::nope_units), l.in);
     }
