@@ -8,7 +8,7 @@
 // key that misses, its miss number. With the host row of each entry, each
 // entry's hash position, the new LRU order, one hit bit per slot and the
 // per-warp team sums, a production row (K = 2048, H = 4096, hot blocks of 64)
-// needs 38,400 bytes of scratch: it fits
+// needs 38,400 bytes of scratch (and 16 to align the set): it fits
 // the 40,936 bytes of level-0 (shared memory) scratch that a Kokkos 4.6 CUDA
 // team can have, so every probe and atomic stays on the chip. Larger shapes
 // run the same code from level-1 (global) scratch.
@@ -106,6 +106,43 @@ struct BlockSplit {
   }
 };
 
+// The set is probed a bucket of 4 positions at a time (one 16-byte scratch
+// load): a key starts at the first position of its hash bucket and moves on
+// a bucket at a time, so a lookup at half load nearly always ends in its
+// first bucket. Probing one position at a time, a warp ran as many rounds as
+// its longest chain: about half the resolve's instructions (Nsight Compute).
+constexpr std::int32_t bucket = 4;
+
+// Positions of the set for top_k entries: 2K (at most half full), a whole
+// number of buckets.
+KOKKOS_INLINE_FUNCTION std::int32_t set_positions(std::int32_t top_k) { return (2 * top_k + bucket - 1) / bucket * bucket; }
+
+// Atomics on the set's words. On CUDA the native ones, which the compiler
+// turns into shared-memory atomics for level-0 scratch; Kokkos' atomics are
+// inline assembly on a generic address, which it cannot narrow (the SASS
+// had generic ATOMs). Relaxed, as Kokkos' are.
+KOKKOS_INLINE_FUNCTION std::uint32_t set_cas(std::uint32_t* p, std::uint32_t expected, std::uint32_t desired) {
+#if defined(__CUDA_ARCH__)
+  return atomicCAS(p, expected, desired);
+#else
+  return Kokkos::atomic_compare_exchange(p, expected, desired);
+#endif
+}
+KOKKOS_INLINE_FUNCTION void set_min(std::uint32_t* p, std::uint32_t value) {
+#if defined(__CUDA_ARCH__)
+  atomicMin(p, value);
+#else
+  Kokkos::atomic_fetch_min(p, value);
+#endif
+}
+KOKKOS_INLINE_FUNCTION std::uint32_t set_max(std::uint32_t* p, std::uint32_t value) {
+#if defined(__CUDA_ARCH__)
+  return atomicMax(p, value);
+#else
+  return Kokkos::atomic_fetch_max(p, value);
+#endif
+}
+
 // Knuth's multiplicative hash, scaled to [0, size) by its high bits.
 KOKKOS_INLINE_FUNCTION std::int32_t hash_position(std::int32_t key, std::int32_t size) {
   const std::uint32_t mixed = static_cast<std::uint32_t>(key) * 2654435761u;
@@ -114,7 +151,7 @@ KOKKOS_INLINE_FUNCTION std::int32_t hash_position(std::int32_t key, std::int32_t
 
 // The team's scratch arrays, carved from one allocation.
 struct ResolveScratch {
-  std::uint32_t* words;      // [2K]: the hash set
+  std::uint32_t* words;      // [set_positions(K)]: the hash set, 16-byte aligned
   std::uint32_t* totals;     // [team_total_words]: per-warp partial sums (team_prefix)
   std::int32_t* host_rows;   // [K]: host row of entry j when it needs a slot, else done
   std::int32_t* hot_blocks;  // [cached]: the row's hot block table, or unused (cached = 0)
@@ -129,14 +166,15 @@ struct ResolveScratch {
   }
   KOKKOS_INLINE_FUNCTION static std::size_t bytes(std::int32_t top_k, std::int32_t hot_slots, std::int32_t cached) {
     const std::size_t k = static_cast<std::size_t>(top_k), h = static_cast<std::size_t>(hot_slots);
-    return 4 * (3 * k + static_cast<std::size_t>(team_total_words + cached)) + 2 * (k + h) +
+    return 4 * (static_cast<std::size_t>(set_positions(top_k)) + k + static_cast<std::size_t>(team_total_words + cached)) +
+           2 * (k + h) +
            (h + min_slots_per_group - 1) / min_slots_per_group;
   }
   KOKKOS_INLINE_FUNCTION static ResolveScratch carve(void* base, std::int32_t top_k, std::int32_t hot_slots,
                                                      std::int32_t cached) {
     ResolveScratch s;
     s.words = static_cast<std::uint32_t*>(base);
-    s.totals = s.words + 2 * top_k;
+    s.totals = s.words + set_positions(top_k);
     s.host_rows = reinterpret_cast<std::int32_t*>(s.totals + team_total_words);
     s.hot_blocks = s.host_rows + top_k;
     s.position = reinterpret_cast<std::uint16_t*>(s.hot_blocks + cached);
@@ -160,8 +198,33 @@ struct HiSparseResolve {
   std::int32_t cached_blocks;  // hot block table entries cached in scratch per row
   hisparse::BlockSplit source_split, resident_split, hot_split;  // by a.source_block_size, ...
 
-  KOKKOS_INLINE_FUNCTION std::int32_t hash_size() const { return 2 * a.top_k; }
-  KOKKOS_INLINE_FUNCTION std::int32_t next_position(std::int32_t h) const { return h + 1 == hash_size() ? 0 : h + 1; }
+  KOKKOS_INLINE_FUNCTION std::int32_t hash_size() const { return hisparse::set_positions(a.top_k); }
+  KOKKOS_INLINE_FUNCTION std::int32_t first_position(std::int32_t key) const {
+    return hisparse::hash_position(key, hash_size() / hisparse::bucket) * hisparse::bucket;
+  }
+  KOKKOS_INLINE_FUNCTION std::int32_t next_bucket(std::int32_t b) const {
+    return b + hisparse::bucket == hash_size() ? 0 : b + hisparse::bucket;
+  }
+
+  // The words of the bucket at b (one 16-byte load), and the key of each
+  // (host_rows[0] for an empty word: a load in any case, so that the four
+  // issue together).
+  struct Bucket {
+    std::uint32_t word[hisparse::bucket];
+    std::int32_t key[hisparse::bucket];
+  };
+  KOKKOS_INLINE_FUNCTION void load_bucket(const hisparse::ResolveScratch& s, std::int32_t b, Bucket& k) const {
+    const Int4 v = *reinterpret_cast<const Int4*>(s.words + b);
+    k.word[0] = static_cast<std::uint32_t>(v.x);
+    k.word[1] = static_cast<std::uint32_t>(v.y);
+    k.word[2] = static_cast<std::uint32_t>(v.z);
+    k.word[3] = static_cast<std::uint32_t>(v.w);
+  }
+  KOKKOS_INLINE_FUNCTION void load_keys(const hisparse::ResolveScratch& s, Bucket& k) const {
+    for (int i = 0; i < hisparse::bucket; ++i) {
+      k.key[i] = s.host_rows[k.word[i] == hisparse::empty_word ? 0 : k.word[i] & hisparse::entry_bits];
+    }
+  }
   KOKKOS_INLINE_FUNCTION std::int32_t entry_groups() const { return hisparse::groups(a.top_k, E); }
   KOKKOS_INLINE_FUNCTION std::int32_t slot_groups() const { return hisparse::groups(a.hot_slots, S); }
 
@@ -228,77 +291,96 @@ struct HiSparseResolve {
     }
   }
 
-  // Looks up N host rows together, one probe of each per round, so that
+  // Looks up N host rows together, one bucket of each per round, so that
   // their scratch loads overlap. h[u]: the key's position, or -1 (g[u] < 0,
-  // or not in the set); w[u]: its word.
+  // or not in the set); w[u]: its word. A lookup ends at the key or at the
+  // first empty position in probe order.
   template <int N>
   KOKKOS_INLINE_FUNCTION void find_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
                                         std::int32_t (&h)[N], std::uint32_t (&w)[N]) const {
     bool open[N];
+    std::int32_t b[N];
     bool any = false;
     for (int u = 0; u < N; ++u) {
       open[u] = g[u] >= 0;
-      h[u] = open[u] ? hisparse::hash_position(g[u], hash_size()) : -1;
+      b[u] = open[u] ? first_position(g[u]) : 0;
+      h[u] = -1;
       w[u] = hisparse::empty_word;
       any = any || open[u];
     }
     while (any) {
       any = false;
-      std::uint32_t probe[N];
-      std::int32_t key[N];
-      for (int u = 0; u < N; ++u) probe[u] = open[u] ? s.words[h[u]] : hisparse::empty_word;
-      for (int u = 0; u < N; ++u) {
-        key[u] = s.host_rows[probe[u] == hisparse::empty_word ? 0 : probe[u] & hisparse::entry_bits];
-      }
+      Bucket k[N];
+      for (int u = 0; u < N; ++u) load_bucket(s, b[u], k[u]);
+      for (int u = 0; u < N; ++u) load_keys(s, k[u]);
       for (int u = 0; u < N; ++u) {
         if (!open[u]) continue;
-        if (probe[u] == hisparse::empty_word) {
-          h[u] = -1;
-          open[u] = false;
-        } else if (key[u] == g[u]) {
-          w[u] = probe[u];
-          open[u] = false;
-        } else {
-          h[u] = next_position(h[u]);
+        for (int i = 0; i < hisparse::bucket && open[u]; ++i) {
+          if (k[u].word[i] == hisparse::empty_word) {
+            open[u] = false;
+          } else if (k[u].key[i] == g[u]) {
+            h[u] = b[u] + i;
+            w[u] = k[u].word[i];
+            open[u] = false;
+          }
+        }
+        if (open[u]) {
+          b[u] = next_bucket(b[u]);
           any = true;
         }
       }
     }
   }
 
-  // Inserts N host rows (entries j[u]; g[u] < 0: none) together. h[u]: the
-  // key's position. Returns how many keys this call added to the set.
+  // Inserts N host rows (entries j[u]; g[u] < 0: none) together, one bucket
+  // of each per round. h[u]: the key's position. Returns how many keys this
+  // call added to the set. A word seen holding a key keeps that key (only
+  // its entry can fall, to a smaller one of the same key); a word seen empty
+  // may be taken by another thread before the compare-and-swap, which then
+  // reports the word that thread stored.
   template <int N>
   KOKKOS_INLINE_FUNCTION std::int32_t insert_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
                                                   const std::int32_t (&j)[N], std::int32_t (&h)[N]) const {
     const std::uint32_t empty = hisparse::empty_word;
     bool open[N];
+    std::int32_t b[N];
     bool any = false;
     std::int32_t added = 0;
     for (int u = 0; u < N; ++u) {
       open[u] = g[u] >= 0;
-      h[u] = open[u] ? hisparse::hash_position(g[u], hash_size()) : -1;
+      b[u] = open[u] ? first_position(g[u]) : 0;
+      h[u] = -1;
       any = any || open[u];
     }
     while (any) {
       any = false;
-      std::uint32_t old[N];
-      std::int32_t key[N];
-      for (int u = 0; u < N; ++u) {
-        old[u] = open[u] ? Kokkos::atomic_compare_exchange(&s.words[h[u]], empty, static_cast<std::uint32_t>(j[u])) : empty;
-      }
-      // In this pass a word is empty or an entry index.
-      for (int u = 0; u < N; ++u) key[u] = s.host_rows[old[u] == empty ? 0 : old[u]];
+      Bucket k[N];
+      for (int u = 0; u < N; ++u) load_bucket(s, b[u], k[u]);
+      for (int u = 0; u < N; ++u) load_keys(s, k[u]);
       for (int u = 0; u < N; ++u) {
         if (!open[u]) continue;
-        if (old[u] == empty) {
-          ++added;
-          open[u] = false;
-        } else if (key[u] == g[u]) {
-          if (static_cast<std::uint32_t>(j[u]) < old[u]) Kokkos::atomic_fetch_min(&s.words[h[u]], static_cast<std::uint32_t>(j[u]));
-          open[u] = false;
-        } else {
-          h[u] = next_position(h[u]);
+        const auto entry = static_cast<std::uint32_t>(j[u]);
+        for (int i = 0; i < hisparse::bucket && open[u]; ++i) {
+          std::uint32_t word = k[u].word[i];
+          std::int32_t key = k[u].key[i];
+          if (word == empty) {
+            word = hisparse::set_cas(&s.words[b[u] + i], empty, entry);
+            if (word == empty) {
+              ++added;
+              h[u] = b[u] + i;
+              open[u] = false;
+              continue;
+            }
+            key = s.host_rows[word];  // in this pass a word is empty or an entry index
+          }
+          if (key == g[u]) {
+            if (entry < word) hisparse::set_min(&s.words[b[u] + i], entry);
+            h[u] = b[u] + i;
+            open[u] = false;
+          }
+        }
+        if (open[u]) {
+          b[u] = next_bucket(b[u]);
           any = true;
         }
       }
@@ -484,7 +566,7 @@ struct HiSparseResolve {
         for (int u = 0; u < S / 2; ++u) {
           if (h[u] < 0) continue;
           const std::uint32_t slot_word = (static_cast<std::uint32_t>(first + half + u + 1) << 16) | (w[u] & 0xFFFFu);
-          const std::uint32_t old = Kokkos::atomic_fetch_max(&s.words[h[u]], slot_word);
+          const std::uint32_t old = hisparse::set_max(&s.words[h[u]], slot_word);
           flags |= 1u << (half + u);
           counts += 1u + ((old >> 16) == 0 ? high_count : 0u);
         }
@@ -665,7 +747,7 @@ struct HiSparseResolve {
     // tables: every output -1, counts 0, and it returns before its state.
     const bool padding = state < 0 || state >= a.num_state_rows;
     const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached_blocks);
-    void* base = team.team_scratch(Level).get_shmem(bytes);
+    void* base = team.team_scratch(Level).get_shmem_aligned(bytes, 16);
     const hisparse::ResolveScratch s = hisparse::ResolveScratch::carve(base, a.top_k, a.hot_slots, cached_blocks);
     const std::int64_t hot_table_row = a.hot_table_by_state && !padding ? state : row;
     std::uint32_t* const totals[2] = {s.totals, s.totals + hisparse::team_total_words / 2};
@@ -701,8 +783,9 @@ template <class Space, int Threads>
 void resolve_hisparse_with(const Space& space, const HiSparseResolveArgs& a) {
   using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<Threads, 1024 / Threads>>;
   const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(a.hot_slots, a.hot_block_size);
-  const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached);
-  // Production rows (K = 2048, H = 4096: 38,400 bytes) fit level-0 (shared
+  // + 16: room to align the set for its 16-byte bucket loads.
+  const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached) + 16;
+  // Production rows (K = 2048, H = 4096: 38,416 bytes) fit level-0 (shared
   // memory) scratch; larger shapes take level-1 (global) scratch.
   const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
   policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(Threads));
