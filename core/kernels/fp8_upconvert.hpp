@@ -162,9 +162,6 @@ KOKKOS_INLINE_FUNCTION void store16(std::uint8_t* p, const std::uint32_t w[4]) {
   }
 }
 
-// Team scratch that a GPU team's page lookup hands on (Fp8Upconvert::TeamPage).
-constexpr std::size_t team_page_bytes = 64;
-
 KOKKOS_INLINE_FUNCTION std::int64_t min64(std::int64_t x, std::int64_t y) { return x < y ? x : y; }
 KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { return x > y ? x : y; }
 
@@ -179,14 +176,12 @@ struct Fp8Upconvert {
   std::int32_t chunks_per_page;   // teams per page task (32-bit: a 64-bit division is ~100 instructions)
 
   // The rows of one block that one request copies.
-  // 32-bit where the value allows (rows of a block, output rows < total_rows):
-  // a GPU team keeps what it needs of it in registers through its loop.
   struct Page {
     std::int32_t request;
     std::int64_t block;          // logical block of the request
-    std::int32_t first_token;    // in the block
-    std::int32_t rows;
-    std::int32_t first_output;   // output row of first_token
+    std::int64_t first_token;    // in the block
+    std::int64_t rows;
+    std::int64_t first_output;   // output row of first_token
   };
 
   // Task -> page: the reference engine's numbering, requests in order.
@@ -215,8 +210,7 @@ struct Fp8Upconvert {
     const std::int64_t block = split.block(q.source) + task;
     const std::int64_t copy_begin = fp8::max64(q.source, block * bs);
     const std::int64_t copy_end = fp8::min64(q.source + q.length, (block + 1) * bs);
-    return Page{r, block, static_cast<std::int32_t>(copy_begin - block * bs), static_cast<std::int32_t>(copy_end - copy_begin),
-                static_cast<std::int32_t>(q.begin + copy_begin - q.source)};
+    return Page{r, block, copy_begin - block * bs, copy_end - copy_begin, q.begin + copy_begin - q.source};
   }
 
   // Every thread of a team looks up the same page. On CUDA the 32 lanes of a
@@ -372,7 +366,7 @@ struct Fp8Upconvert {
                                              Loaded& l) const {
     const std::int32_t i = first + u / fp8::units_per_row;  // 32-bit: a constant divisor is a multiply
     const std::int64_t output = page.first_output + i;
-    const std::uint8_t* src = source_row(id, std::int64_t{page.first_token} + i);
+    const std::uint8_t* src = source_row(id, page.first_token + i);
     if (output < 0 || src == nullptr) return nullptr;
     load_unit(src, u % fp8::units_per_row, l);
     return a.dst + output * a.dst_row_stride;
@@ -384,48 +378,15 @@ struct Fp8Upconvert {
   // so the compiler would not hoist the second load over the first store).
   // Two named slots, not an array indexed in a loop, which nvcc put in
   // local memory (seen in the PTX).
-  // What a team's first warp finds for the team: its page (found false:
-  // none) and the page's block id.
-  struct TeamPage {
-    Page page;
-    std::int64_t id;
-    bool found;
-  };
-  static_assert(sizeof(TeamPage) <= fp8::team_page_bytes, "the team scratch holds a TeamPage");
-
-  // The page of a team's task, found once per team: on GPUs by its first
-  // warp, which hands it to the others through scratch (a barrier), rather
-  // than by every warp (at 2048 rows the lookup was half of all the
-  // instructions, ten warps a team doing it each). A CPU team is one thread.
-  KOKKOS_INLINE_FUNCTION bool team_page(const member_type& team, std::int64_t task, Page& page, std::int64_t& id) const {
-    if constexpr (is_host_space<Space>) {
-      if (!page_of(team, task, page)) return false;
-      id = block_id(page);
-      return true;
-    } else {
-      auto* shared = static_cast<TeamPage*>(team.team_scratch(0).get_shmem(sizeof(TeamPage)));
-      if (team.team_rank() < 32) {  // a GPU team is whole warps (gather_upconvert_fp8)
-        TeamPage found{};
-        found.found = page_of(team, task, found.page);
-        found.id = found.found ? block_id(found.page) : -1;
-        if (team.team_rank() == 0) *shared = found;
-      }
-      team.team_barrier();
-      page = shared->page;
-      id = shared->id;
-      return shared->found;
-    }
-  }
-
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const std::int32_t task = team.league_rank();
     Page page{};
-    std::int64_t id = -1;
-    if (!team_page(team, task / chunks_per_page, page, id)) return;
+    if (!page_of(team, task / chunks_per_page, page)) return;
     const std::int32_t first = static_cast<std::int32_t>(task % chunks_per_page) * rows_per_task;
-    const std::int32_t page_rows = page.rows;
+    const std::int32_t page_rows = static_cast<std::int32_t>(page.rows);
     if (first >= page_rows) return;
     const std::int32_t rows = page_rows - first < rows_per_task ? page_rows - first : rows_per_task;
+    const std::int64_t id = block_id(page);
     const std::int32_t units = rows * fp8::units_per_row;
     const std::int32_t lanes = team.team_size();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lanes), [&](const std::int32_t lane) {
@@ -474,13 +435,12 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
     });
   };
   if (few_pages || is_host_space<Space>) {
-    launch(Kokkos::TeamPolicy<Space>(space, teams, team).set_scratch_size(0, Kokkos::PerTeam(fp8::team_page_bytes)));
+    launch(Kokkos::TeamPolicy<Space>(space, teams, team));
   } else {
     // Three 512-thread teams an SM (40 registers; ptxas spills 8 bytes)
     // rather than the two that 56 registers allow: 524288 rows at 3.56 TB/s
     // against 3.29 on the H200, the same session.
-    launch(Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<512, 3>>(space, teams, team)
-               .set_scratch_size(0, Kokkos::PerTeam(fp8::team_page_bytes)));
+    launch(Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<512, 3>>(space, teams, team));
   }
 }
 
