@@ -8,10 +8,10 @@
 // 16-byte stores of bf16), so that consecutive threads load consecutive
 // 8-byte pieces and store consecutive 16-byte pieces: every store of a warp
 // fills whole 32-byte sectors (units of 16 consecutive values stored two
-// half sectors per thread, at a 32-byte stride). Four fp8 bytes decode together in integer
-// operations on two bytes at a time; the float32 product is rounded to bf16
-// by the instruction the reference uses on CUDA, by exact integer rounding
-// elsewhere, so host and GPU agree bit for bit.
+// half sectors per thread, at a 32-byte stride). Four fp8 bytes decode
+// together in integer operations on two bytes at a time; the float32
+// product is rounded to bf16 by the instruction the reference uses on CUDA,
+// by exact integer rounding elsewhere, so host and GPU agree bit for bit.
 #pragma once
 
 #include <Kokkos_Core.hpp>
