@@ -249,6 +249,14 @@ TEST_P(Fp8UpconvertTest, EveryByteUnderEveryKindOfScale) {
   }
 }
 
+// n requests of 0 to 22 rows (every 23rd empty): more requests than one
+// round of the page lookup takes (8 a round on CPUs, a warp's 32 on CUDA).
+std::vector<std::int32_t> many_requests(int n) {
+  std::vector<std::int32_t> lengths;
+  for (int r = 0; r < n; ++r) lengths.push_back(r * 7 % 23);
+  return lengths;
+}
+
 const GatherShape gather_shapes[] = {
     {{1}, 64, false, 0},                  // one row
     {{1, 65, 200}, 64, false, 0},         // the golden u1 shape
@@ -261,6 +269,9 @@ const GatherShape gather_shapes[] = {
     {{300}, 64, true, 0},                 // one long request across many pages
     {{5, 6, 7, 8, 9, 10, 11}, 1, true, 0},  // many requests, block size 1
     {{33, 1, 64, 65}, 32, false, 0},
+    {many_requests(41), 16, true, 0},     // two rounds of 32 requests (CUDA), six of 8
+    {many_requests(70), 64, false, -30},  // three rounds, T cuts the last requests short
+    {many_requests(33), 1, true, 0},      // one request past the first round, block size 1
 };
 
 TEST_P(Fp8UpconvertTest, RandomGathersMatchTheReference) {
