@@ -101,55 +101,55 @@ KOKKOS_INLINE_FUNCTION std::uint32_t nan_bytes(std::uint32_t w, bool fnuz) {
   return fnuz ? ~(low7 + 0x7F7F7F7Fu) & w & 0x80808080u : (low7 + 0x01010101u) & 0x80808080u;
 }
 
-// 16-byte loads and stores: one vector access when aligned, bytes otherwise.
-template <bool Vector>
-KOKKOS_INLINE_FUNCTION void load16(const std::uint8_t* p, std::uint32_t w[4]) {
-  if constexpr (Vector) {
-    const Int4 v = *reinterpret_cast<const Int4*>(p);
-    w[0] = static_cast<std::uint32_t>(v.x);
-    w[1] = static_cast<std::uint32_t>(v.y);
-    w[2] = static_cast<std::uint32_t>(v.z);
-    w[3] = static_cast<std::uint32_t>(v.w);
-  } else {
-    for (int i = 0; i < 4; ++i) {
-      w[i] = std::uint32_t{p[4 * i]} | std::uint32_t{p[4 * i + 1]} << 8 | std::uint32_t{p[4 * i + 2]} << 16 |
-             std::uint32_t{p[4 * i + 3]} << 24;
-    }
-  }
-}
+// 8 bytes, loaded as one unit on GPUs (ld.global.v2), like Int4.
+struct SPARSE_MLA_MAY_ALIAS Int2 {
+  alignas(8) std::int32_t x;
+  std::int32_t y;
+};
 
 // A 4-byte word that may alias the cache's bytes (like Int4).
 struct SPARSE_MLA_MAY_ALIAS Word {
   std::uint32_t value;
 };
 
-template <bool Vector>
-KOKKOS_INLINE_FUNCTION std::uint32_t load4(const std::uint8_t* p) {
-  if constexpr (Vector) {
-    return reinterpret_cast<const Word*>(p)->value;
-  } else {
-    return std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 | std::uint32_t{p[3]} << 24;
-  }
-}
-
-// 8 bytes as two words: one vector access when aligned, bytes otherwise.
-struct SPARSE_MLA_MAY_ALIAS Int2 {
-  alignas(8) std::int32_t x;
-  std::int32_t y;
-};
-
-template <bool Vector>
-KOKKOS_INLINE_FUNCTION void load8(const std::uint8_t* p, std::uint32_t w[2]) {
-  if constexpr (Vector) {
+// Loads of 1, 2 or 4 little-endian words: one vector access when aligned,
+// bytes otherwise.
+template <bool Vector, int Words>
+KOKKOS_INLINE_FUNCTION void load_words(const std::uint8_t* p, std::uint32_t* w) {
+  if constexpr (Vector && Words == 4) {
+    const Int4 v = *reinterpret_cast<const Int4*>(p);
+    w[0] = static_cast<std::uint32_t>(v.x);
+    w[1] = static_cast<std::uint32_t>(v.y);
+    w[2] = static_cast<std::uint32_t>(v.z);
+    w[3] = static_cast<std::uint32_t>(v.w);
+  } else if constexpr (Vector && Words == 2) {
     const Int2 v = *reinterpret_cast<const Int2*>(p);
     w[0] = static_cast<std::uint32_t>(v.x);
     w[1] = static_cast<std::uint32_t>(v.y);
+  } else if constexpr (Vector) {
+    static_assert(Words == 1, "1, 2 or 4 words");
+    w[0] = reinterpret_cast<const Word*>(p)->value;
   } else {
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < Words; ++i) {
       w[i] = std::uint32_t{p[4 * i]} | std::uint32_t{p[4 * i + 1]} << 8 | std::uint32_t{p[4 * i + 2]} << 16 |
              std::uint32_t{p[4 * i + 3]} << 24;
     }
   }
+}
+
+template <bool Vector>
+KOKKOS_INLINE_FUNCTION void load16(const std::uint8_t* p, std::uint32_t w[4]) {
+  load_words<Vector, 4>(p, w);
+}
+template <bool Vector>
+KOKKOS_INLINE_FUNCTION void load8(const std::uint8_t* p, std::uint32_t w[2]) {
+  load_words<Vector, 2>(p, w);
+}
+template <bool Vector>
+KOKKOS_INLINE_FUNCTION std::uint32_t load4(const std::uint8_t* p) {
+  std::uint32_t w;
+  load_words<Vector, 1>(p, &w);
+  return w;
 }
 
 template <bool Vector>
