@@ -291,21 +291,19 @@ struct HiSparseResolve {
     }
   }
 
-  // Looks up N host rows together, one bucket of each per round, so that
-  // their scratch loads overlap. h[u]: the key's position, or -1 (g[u] < 0,
-  // or not in the set); w[u]: its word. A lookup ends at the key or at the
-  // first empty position in probe order.
-  template <int N>
-  KOKKOS_INLINE_FUNCTION void find_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
-                                        std::int32_t (&h)[N], std::uint32_t (&w)[N]) const {
+  // Probes N host rows together, one bucket of each per round, so that their
+  // scratch loads overlap. at_bucket(u, b, k) looks at the bucket at b (its
+  // words and keys k) of key u and returns true when key u is done there;
+  // a key not done moves on to the next bucket. g[u] < 0: no key.
+  template <int N, class AtBucket>
+  KOKKOS_INLINE_FUNCTION void probe_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
+                                         AtBucket&& at_bucket) const {
     bool open[N];
     std::int32_t b[N];
     bool any = false;
     for (int u = 0; u < N; ++u) {
       open[u] = g[u] >= 0;
       b[u] = open[u] ? first_position(g[u]) : 0;
-      h[u] = -1;
-      w[u] = hisparse::empty_word;
       any = any || open[u];
     }
     while (any) {
@@ -315,16 +313,9 @@ struct HiSparseResolve {
       for (int u = 0; u < N; ++u) load_keys(s, k[u]);
       for (int u = 0; u < N; ++u) {
         if (!open[u]) continue;
-        for (int i = 0; i < hisparse::bucket && open[u]; ++i) {
-          if (k[u].word[i] == hisparse::empty_word) {
-            open[u] = false;
-          } else if (k[u].key[i] == g[u]) {
-            h[u] = b[u] + i;
-            w[u] = k[u].word[i];
-            open[u] = false;
-          }
-        }
-        if (open[u]) {
+        if (at_bucket(u, b[u], k[u])) {
+          open[u] = false;
+        } else {
           b[u] = next_bucket(b[u]);
           any = true;
         }
@@ -332,59 +323,67 @@ struct HiSparseResolve {
     }
   }
 
-  // Inserts N host rows (entries j[u]; g[u] < 0: none) together, one bucket
-  // of each per round. h[u]: the key's position. Returns how many keys this
-  // call added to the set. A word seen holding a key keeps that key (only
-  // its entry can fall, to a smaller one of the same key); a word seen empty
-  // may be taken by another thread before the compare-and-swap, which then
-  // reports the word that thread stored.
+  // Looks up N host rows together. h[u]: the key's position, or -1 (g[u] < 0,
+  // or not in the set); w[u]: its word. A lookup ends at the key or at the
+  // first empty position in probe order.
+  template <int N>
+  KOKKOS_INLINE_FUNCTION void find_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
+                                        std::int32_t (&h)[N], std::uint32_t (&w)[N]) const {
+    for (int u = 0; u < N; ++u) {
+      h[u] = -1;
+      w[u] = hisparse::empty_word;
+    }
+    probe_keys(s, g, [&](int u, std::int32_t b, const Bucket& k) {
+      bool done = false;
+      for (int i = 0; i < hisparse::bucket && !done; ++i) {
+        if (k.word[i] == hisparse::empty_word) {
+          done = true;
+        } else if (k.key[i] == g[u]) {
+          h[u] = b + i;
+          w[u] = k.word[i];
+          done = true;
+        }
+      }
+      return done;
+    });
+  }
+
+  // Inserts N host rows (entries j[u]; g[u] < 0: none) together. h[u]: the
+  // key's position. Returns how many keys this call added to the set. A word
+  // seen holding a key keeps that key (only its entry can fall, to a smaller
+  // one of the same key); a word seen empty may be taken by another thread
+  // before the compare-and-swap, which then reports the word that thread
+  // stored.
   template <int N>
   KOKKOS_INLINE_FUNCTION std::int32_t insert_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
                                                   const std::int32_t (&j)[N], std::int32_t (&h)[N]) const {
     const std::uint32_t empty = hisparse::empty_word;
-    bool open[N];
-    std::int32_t b[N];
-    bool any = false;
     std::int32_t added = 0;
-    for (int u = 0; u < N; ++u) {
-      open[u] = g[u] >= 0;
-      b[u] = open[u] ? first_position(g[u]) : 0;
-      h[u] = -1;
-      any = any || open[u];
-    }
-    while (any) {
-      any = false;
-      Bucket k[N];
-      for (int u = 0; u < N; ++u) load_bucket(s, b[u], k[u]);
-      for (int u = 0; u < N; ++u) load_keys(s, k[u]);
-      for (int u = 0; u < N; ++u) {
-        if (!open[u]) continue;
-        const auto entry = static_cast<std::uint32_t>(j[u]);
-        for (int i = 0; i < hisparse::bucket && open[u]; ++i) {
-          std::uint32_t word = k[u].word[i];
-          std::int32_t key = k[u].key[i];
+    for (int u = 0; u < N; ++u) h[u] = -1;
+    probe_keys(s, g, [&](int u, std::int32_t b, const Bucket& k) {
+      const auto entry = static_cast<std::uint32_t>(j[u]);
+      bool done = false;
+      for (int i = 0; i < hisparse::bucket && !done; ++i) {
+        std::uint32_t word = k.word[i];
+        std::int32_t key = k.key[i];
+        if (word == empty) {
+          word = hisparse::set_cas(&s.words[b + i], empty, entry);
           if (word == empty) {
-            word = hisparse::set_cas(&s.words[b[u] + i], empty, entry);
-            if (word == empty) {
-              ++added;
-              h[u] = b[u] + i;
-              open[u] = false;
-              continue;
-            }
-            key = s.host_rows[word];  // in this pass a word is empty or an entry index
+            ++added;
+            h[u] = b + i;
+            done = true;
+            continue;
           }
-          if (key == g[u]) {
-            if (entry < word) hisparse::set_min(&s.words[b[u] + i], entry);
-            h[u] = b[u] + i;
-            open[u] = false;
-          }
+          key = s.host_rows[word];  // in this pass a word is empty or an entry index
         }
-        if (open[u]) {
-          b[u] = next_bucket(b[u]);
-          any = true;
+        if (key == g[u]) {
+          if (entry < word) hisparse::set_min(&s.words[b + i], entry);
+          h[u] = b + i;
+          done = true;
         }
       }
-    }
+      return done;
+    });
     return added;
   }
 
