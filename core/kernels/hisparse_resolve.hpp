@@ -75,11 +75,11 @@ constexpr std::uint32_t entry_bits = 0x7FFFu;
 constexpr std::uint32_t miss_flag = 0x8000u;
 static_assert(hisparse_max_hot_slots <= 32768, "entries, slots and miss numbers must fit the packed set words");
 
-// A team of `threads` takes entries and slots in groups of these sizes:
-// one entry group and one slot group per thread at K = 2048, H = 4096.
-constexpr int entries_per_group(int threads) { return threads >= 1024 ? 2 : 4; }
-constexpr int slots_per_group(int threads) { return 2 * entries_per_group(threads); }  // one byte of hit flags
-constexpr int min_slots_per_group = 4;
+// A GPU team's threads, and the groups of entries and slots they take: one
+// entry group and one slot group per thread at K = 2048, H = 4096.
+constexpr int team_threads = 1024;
+constexpr int entries_per_group = 2;
+constexpr int slots_per_group = 4;  // one byte of hit flags
 // Up to this many hot blocks per row (H / hot_block_size) are cached in
 // scratch by pass 1, so the last pass maps slots to hot rows without global loads.
 constexpr std::int32_t max_cached_hot_blocks = 1024;
@@ -168,7 +168,7 @@ struct ResolveScratch {
     const std::size_t k = static_cast<std::size_t>(top_k), h = static_cast<std::size_t>(hot_slots);
     return 4 * (static_cast<std::size_t>(set_positions(top_k)) + k + static_cast<std::size_t>(team_total_words + cached)) +
            2 * (k + h) +
-           (h + min_slots_per_group - 1) / min_slots_per_group;
+           (h + slots_per_group - 1) / slots_per_group;
   }
   KOKKOS_INLINE_FUNCTION static ResolveScratch carve(void* base, std::int32_t top_k, std::int32_t hot_slots,
                                                      std::int32_t cached) {
@@ -189,11 +189,11 @@ struct ResolveScratch {
 // Level: the team scratch level, a template argument so that the compiler
 // knows level-0 scratch is shared memory and reaches it with shared-memory
 // instructions (32-bit addresses) rather than generic ones.
-template <class Space, int Level, int Threads>
+template <class Space, int Level>
 struct HiSparseResolve {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
-  static constexpr int E = hisparse::entries_per_group(Threads);
-  static constexpr int S = hisparse::slots_per_group(Threads);
+  static constexpr int E = hisparse::entries_per_group;
+  static constexpr int S = hisparse::slots_per_group;
   HiSparseResolveArgs a;
   std::int32_t cached_blocks;  // hot block table entries cached in scratch per row
   hisparse::BlockSplit source_split, resident_split, hot_split;  // by a.source_block_size, ...
@@ -777,34 +777,28 @@ struct HiSparseResolve {
   }
 };
 
-// One team of `Threads` threads per row (one on the host).
-template <class Space, int Threads>
-void resolve_hisparse_with(const Space& space, const HiSparseResolveArgs& a) {
-  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<Threads, 1024 / Threads>>;
+template <class Space>
+void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
+  if (a.num_rows == 0) return;
+  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<hisparse::team_threads, 1>>;
   const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(a.hot_slots, a.hot_block_size);
   // + 16: room to align the set for its 16-byte bucket loads.
   const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached) + 16;
   // Production rows (K = 2048, H = 4096: 38,416 bytes) fit level-0 (shared
   // memory) scratch; larger shapes take level-1 (global) scratch.
   const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
-  policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(Threads));
+  policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(hisparse::team_threads));
   policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
   const hisparse::BlockSplit source = hisparse::BlockSplit::of(a.source_block_size);
   const hisparse::BlockSplit resident = hisparse::BlockSplit::of(a.resident_block_size);
   const hisparse::BlockSplit hot = hisparse::BlockSplit::of(a.hot_block_size);
   if (level == 0) {
     Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy,
-                         HiSparseResolve<Space, 0, Threads>{a, cached, source, resident, hot});
+                         HiSparseResolve<Space, 0>{a, cached, source, resident, hot});
   } else {
     Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy,
-                         HiSparseResolve<Space, 1, Threads>{a, cached, source, resident, hot});
+                         HiSparseResolve<Space, 1>{a, cached, source, resident, hot});
   }
-}
-
-template <class Space>
-void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
-  if (a.num_rows == 0) return;
-  resolve_hisparse_with<Space, 1024>(space, a);
 }
 
 }  // namespace sparse_mla::kernels
