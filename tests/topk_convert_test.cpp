@@ -142,6 +142,10 @@ const Shape shapes[] = {
     {4, 64, 2, 0, 16, 16, false},        // a table with no blocks: nothing is valid
     {4, 64, 2, 0, 16, 16, true},         // same, with prefill-workspace tokens
     {5, 2052, 2, 50, 24, 40, true},      // 513 units: a tail past whole unit batches, prefill, size 24
+    {600, 2048, 7, 40, 64, 64, false},   // T >= 512: GPUs take the many-token shape (4 units in flight)
+    {520, 516, 4, 30, 32, 32, true},     // same, prefill, 129 units: a partly filled round
+    {530, 6, 3, 5, 8, 8, false},         // same, per-entry path
+    {8200, 64, 5, 10, 16, 16, false},    // T >= 8192: GPUs take the large-batch shape (2 units in flight)
 };
 
 TEST_P(TopkConvertTest, MatchesTheReferenceOverManyShapes) {

@@ -170,10 +170,11 @@ KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { retu
 template <class Space, bool Vector, class Split>
 struct Fp8Upconvert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
-  Fp8UpconvertArgs a;
-  Split split;                    // of a.block_size
+  // Read first (a team's task), then the arguments in the order read.
   std::int32_t rows_per_task;     // rows of a page one team converts
   std::int32_t chunks_per_page;   // teams per page task (32-bit: a 64-bit division is ~100 instructions)
+  Split split;                    // of a.block_size
+  Fp8UpconvertArgs a;
 
   // The rows of one block that one request copies.
   struct Page {
@@ -427,10 +428,10 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
       const auto chunks32 = static_cast<std::int32_t>(chunks);
       if (vector) {
         Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
-                             Fp8Upconvert<Space, true, Split>{a, split, rows_per_task, chunks32});
+                             Fp8Upconvert<Space, true, Split>{rows_per_task, chunks32, split, a});
       } else {
         Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
-                             Fp8Upconvert<Space, false, Split>{a, split, rows_per_task, chunks32});
+                             Fp8Upconvert<Space, false, Split>{rows_per_task, chunks32, split, a});
       }
     });
   };

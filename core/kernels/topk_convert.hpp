@@ -1,12 +1,28 @@
 // Top-k conversion, logical token positions to physical KV-cache rows
-// (SPEC section 2). One team per query token; on GPUs each lane converts
-// four entries per 16-byte load, with one to four loads in flight, and the
-// team sums the valid count, so a row costs one read and one write of its
-// indices and a single count store (no atomics, no zero-initialised
-// counter).
+// (SPEC section 2). One team per query token. On GPUs each thread converts
+// units of four entries (one 16-byte load and store), one to four units in
+// flight, and the team sums the valid count, so a row costs one read and one
+// write of its indices and a single count store (no atomics on global
+// memory, no zero-initialised counter).
+//
+// The row is a chain of memory latencies: its indices and its request id,
+// then the request's block-table entries, then the stores and the count.
+// Everything here keeps that chain short, and was measured on the H200
+// (docs/PERFORMANCE.md):
+// - the first units' loads and the request id are issued before anything
+//   waits on either (the compiler had made the index loads wait for req_id);
+// - a unit's four table loads are issued before any is used (one round trip
+//   for the four, not four);
+// - a team thread is one GPU thread (vector length 1), so no Kokkos vector
+//   loop or lane mask sits between the loads; the count is summed with warp
+//   reductions where CUDA has them;
+// - the kernel parameters that the first loads need come first, so that
+//   they share the first lines of the constant cache.
 #pragma once
 
 #include <Kokkos_Core.hpp>
+
+#include <cstdint>
 
 #include "space_traits.hpp"
 #include "sparse_mla/kernels.hpp"
@@ -20,198 +36,270 @@ KOKKOS_INLINE_FUNCTION std::int32_t wrap_mad(std::int32_t a, std::int32_t b, std
                                    static_cast<std::uint32_t>(c));
 }
 
-// The three ways a row maps its positions, chosen once per row (team), so
-// the per-entry code has no branch on them.
-//
-// Through the block table: branch-free on purpose. Every entry loads a table
-// entry (block 0 when the position is invalid: a valid address), so the
-// compiler issues all the table loads of a thread's units together. With an
-// early return per entry, each load sat in its own branch with its use right
-// after it: one cache round trip per entry, one after another (the first
-// Kokkos version took 4.5 us for one token where a branch-free raw CUDA
-// kernel took 1.8).
+namespace topk {
+
+// A unit is what one load brings: four entries (Int4) when rows are 16-byte
+// aligned and K % 4 == 0, else one.
+KOKKOS_INLINE_FUNCTION constexpr int entries(const Int4*) { return 4; }
+KOKKOS_INLINE_FUNCTION constexpr int entries(const std::int32_t*) { return 1; }
+
+// The kernel's parameters, in the order the kernel reads them: a Kokkos
+// kernel's parameters are its whole ParallelFor object (functor first), read
+// through the constant cache, and a miss there stalls every warp. What the
+// first loads need shares the first bytes.
+template <class Split>
+struct Params {
+  // The row's indices and its request: the first loads.
+  const std::int32_t* logical;
+  const std::int32_t* req_id;
+  const std::int32_t* block_table;  // never null: see launch()
+  std::int64_t logical_stride;
+  std::int64_t block_table_stride;
+  std::uint32_t limit;  // positions p with (uint32)p < limit have a block in the table
+  Split split;
+  std::int32_t num_topk;
+  std::int32_t block_stride_rows;
+  // Read once the loads are out.
+  std::int32_t* physical;
+  std::int64_t physical_stride;
+  std::int32_t* valid_counts;               // or nullptr
+  const std::int32_t* workspace_request;    // read only by the Workspace kernels
+  const std::int32_t* workspace_starts;
+};
+
+// Position -> physical row through a request's block-table row, in two
+// steps so that a unit issues all its table loads before it uses any.
+// Branch-free on purpose: an invalid position loads entry 0 of the row (a
+// valid address) and is masked to -1 after; with `valid ? load : -1` the
+// compiler put each load in its own branch, one round trip per entry.
 template <class Split>
 struct TableMap {
-  const std::int32_t* table;  // the row's block-table row, >= 1 entry
+  const std::int32_t* row;
+  std::uint32_t limit;
   Split split;
-  std::int32_t blocks;
   std::int32_t stride_rows;
-  KOKKOS_INLINE_FUNCTION std::int32_t operator()(std::int32_t tok) const {
-    const std::int32_t block = split.block(tok);
-    const std::int32_t inside = tok >= 0 && block < blocks;  // 1 or 0
-    // Masks, not selects: the compiler turns `inside ? load : -1` back into
-    // a branch around the load (seen in the PTX), which is what we avoid.
-    const std::int32_t start = table[block & -inside];
-    return wrap_mad(start, stride_rows, split.offset(tok)) | (inside - 1);
+  // Negative positions are huge as unsigned, so one compare checks both
+  // ends: (uint32)p < limit <=> p >= 0 and p / block_size < blocks.
+  KOKKOS_INLINE_FUNCTION std::int32_t inside(std::int32_t p) const { return static_cast<std::uint32_t>(p) < limit; }
+  KOKKOS_INLINE_FUNCTION std::int32_t start(std::int32_t p) const { return row[split.block(p) & -inside(p)]; }
+  KOKKOS_INLINE_FUNCTION std::int32_t finish(std::int32_t p, std::int32_t start) const {
+    return wrap_mad(start, stride_rows, split.offset(p)) | (inside(p) - 1);
   }
 };
+
 // A prefill-workspace token: its workspace start plus the position.
 struct WorkspaceMap {
-  std::int32_t start;
-  KOKKOS_INLINE_FUNCTION std::int32_t operator()(std::int32_t tok) const { return tok < 0 ? -1 : wrap_mad(1, start, tok); }
+  std::int32_t first;
+  KOKKOS_INLINE_FUNCTION std::int32_t start(std::int32_t) const { return 0; }
+  KOKKOS_INLINE_FUNCTION std::int32_t finish(std::int32_t p, std::int32_t) const {
+    return p < 0 ? -1 : wrap_mad(1, first, p);
+  }
 };
-// A table with no blocks: nothing is valid.
-struct NothingMap {
-  KOKKOS_INLINE_FUNCTION std::int32_t operator()(std::int32_t) const { return -1; }
-};
 
-template <class Space, class Split, int UnitsInFlight>
-struct TopkConvert {
-  using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
-  TopkConvertArgs a;
-  Split split;           // of a.block_size
-  bool vector4;          // rows are 16-byte aligned and num_topk % 4 == 0
-  int lanes_per_thread;  // the policy's vector length: 32 on GPUs (a warp), 1 on CPUs
+template <class Map>
+KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, std::int32_t& v) {
+  v = m.finish(v, m.start(v));
+  return v != -1;
+}
+template <class Map>
+KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, Int4& v) {
+  const std::int32_t s0 = m.start(v.x), s1 = m.start(v.y), s2 = m.start(v.z), s3 = m.start(v.w);
+  v = Int4{m.finish(v.x, s0), m.finish(v.y, s1), m.finish(v.z, s2), m.finish(v.w, s3)};
+  return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
+}
 
-  template <class Map>
-  KOKKOS_INLINE_FUNCTION static std::int32_t map(const Map& m, std::int32_t tok) {
-    return m(tok);
-  }
-  template <class Map>
-  KOKKOS_INLINE_FUNCTION static Int4 map(const Map& m, const Int4& v) {
-    return Int4{m(v.x), m(v.y), m(v.z), m(v.w)};
-  }
-
-  KOKKOS_INLINE_FUNCTION static std::int32_t valid(std::int32_t r) { return r != -1; }
-  KOKKOS_INLINE_FUNCTION static std::int32_t valid(const Int4& r) {
-    return (r.x != -1) + (r.y != -1) + (r.z != -1) + (r.w != -1);
-  }
-
-  // Lane `lane` of `lanes` converts units lane, lane + lanes, ... of a row
-  // (a unit is an Int4 of four entries, or one entry), `UnitsInFlight` at a
-  // time: the stores may alias the inputs, so only loads issued ahead of the
-  // first store overlap their latency. Returns the entries that stay valid.
-  template <class Map, class Unit>
-  KOKKOS_INLINE_FUNCTION std::int32_t convert_units(const Map& m, const Unit* in, Unit* out, std::int32_t units,
-                                                    std::int32_t lane, std::int32_t lanes) const {
-    std::int32_t count = 0;
-    for (std::int32_t q = lane; q < units; q += UnitsInFlight * lanes) {
-      Unit v[UnitsInFlight];
-      for (int u = 0; u < UnitsInFlight; ++u) {
-        if (q + u * lanes < units) v[u] = in[q + u * lanes];
-      }
-      for (int u = 0; u < UnitsInFlight; ++u) {
-        if (q + u * lanes < units) v[u] = map(m, v[u]);
-      }
-      for (int u = 0; u < UnitsInFlight; ++u) {
-        if (q + u * lanes < units) {
-          out[q + u * lanes] = v[u];
-          count += valid(v[u]);
-        }
-      }
-    }
-    return count;
-  }
-
-  // The sum of each vector lane's `value` over a team thread's lanes, which
-  // every lane gets. On CUDA (sm_80 and later) the lanes are one warp and
-  // one warp reduction adds them; Kokkos' vector reduction is a loop of five
-  // shuffle steps with divergence checks (about 70 instructions on the
-  // critical path: Nsight Compute, T=1024). Elsewhere Kokkos' reduction.
-  KOKKOS_INLINE_FUNCTION std::int32_t lane_sum(const member_type& team, std::int32_t value) const {
+// The sum of `value` over the team's threads, returned to thread 0, in two
+// calls: begin_team_sum() before the work (on GPUs without warp reductions
+// it zeroes a shared counter, with a barrier, best placed while loads are in
+// flight), team_sum() after it. `partial` is team scratch for
+// team_sum_ints(threads) ints.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    (void)team;
-    return __reduce_add_sync(0xffffffffu, value);
+#define SPARSE_MLA_WARP_REDUCE 1
 #else
-    std::int32_t sum = 0;
-    Kokkos::parallel_reduce(
-        Kokkos::ThreadVectorRange(team, lanes_per_thread), [&](std::int32_t, std::int32_t& s) { s += value; }, sum);
-    return sum;
+#define SPARSE_MLA_WARP_REDUCE 0
 #endif
-  }
+template <class Member>
+KOKKOS_INLINE_FUNCTION void begin_team_sum(const Member& team, std::int32_t* partial) {
+#if SPARSE_MLA_WARP_REDUCE
+  (void)team;
+  (void)partial;
+#else
+  if (team.team_size() == 1) return;
+  if (team.team_rank() == 0) *partial = 0;
+  team.team_barrier();
+#endif
+}
+template <class Member>
+KOKKOS_INLINE_FUNCTION std::int32_t team_sum(const Member& team, std::int32_t value, std::int32_t* partial) {
+  if (team.team_size() == 1) return value;
+#if SPARSE_MLA_WARP_REDUCE
+  // Team ranks are consecutive thread ids (vector length 1), the team is
+  // whole warps: a warp reduction, one value per warp through scratch, and
+  // a second warp reduction by the first warp.
+  const std::int32_t rank = team.team_rank();
+  const std::int32_t warp_value = __reduce_add_sync(0xffffffffu, value);
+  if ((rank & 31) == 0) partial[rank >> 5] = warp_value;
+  team.team_barrier();
+  if (rank >= 32) return 0;
+  const std::int32_t warps = team.team_size() >> 5;
+  return __reduce_add_sync(0xffffffffu, rank < warps ? partial[rank] : 0);
+#else
+  // Any backend: shared-memory atomics on a counter zeroed by thread 0.
+  Kokkos::atomic_add(partial, value);
+  team.team_barrier();
+  return *partial;
+#endif
+}
 
-  // Converts row t with `m`; returns this team thread's valid entries. Each
-  // vector lane runs the body once, with its own lane_valid.
+KOKKOS_INLINE_FUNCTION constexpr std::size_t team_sum_ints(int threads) { return threads >= 32 ? static_cast<std::size_t>(threads) / 32 : 1; }
+
+template <class Space, class Split, class Unit, int UnitsInFlight, bool Workspace>
+struct Convert {
+  using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
+  Params<Split> p;
+
+  // Thread `rank` of `threads` converts units rank, rank + threads, ... of
+  // the row, UnitsInFlight at a time; v holds the first round, loaded. The
+  // first round is not in the loop: a loop from the start made the compiler
+  // compute its trip count (a 32-bit division, forty instructions) before the
+  // first loads.
   template <class Map>
-  KOKKOS_INLINE_FUNCTION std::int32_t convert_row(const member_type& team, const Map& m, std::int64_t t) const {
-    const std::int32_t lanes = team.team_size() * lanes_per_thread;
-    const std::int32_t first_lane = team.team_rank() * lanes_per_thread;
-    const std::int32_t* in = a.logical + t * a.logical_stride;
-    std::int32_t* out = a.physical + t * a.physical_stride;
-    std::int32_t lane_valid = 0;
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, lanes_per_thread), [&](const std::int32_t lane) {
-      if (vector4) {
-        lane_valid = convert_units(m, reinterpret_cast<const Int4*>(in), reinterpret_cast<Int4*>(out), a.num_topk / 4,
-                                   first_lane + lane, lanes);
-      } else {
-        lane_valid = convert_units(m, in, out, a.num_topk, first_lane + lane, lanes);
-      }
-    });
-    return lane_sum(team, lane_valid);
+  KOKKOS_INLINE_FUNCTION std::int32_t convert_row(const Map& m, const Unit* in, Unit* out, Unit (&v)[UnitsInFlight],
+                                                  std::int32_t rank, std::int32_t threads, std::int32_t units) const {
+    std::int32_t valid = convert_round(m, out, v, rank, threads, units);
+    const std::int32_t step = UnitsInFlight * threads;
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)  // device passes only: g++ warns on the pragma
+#pragma unroll 1
+#endif
+    for (std::int32_t q = rank + step; q < units; q += step) {  // rows longer than a round; the stores may alias the inputs
+      load(in, v, q, threads, units);
+      valid += convert_round(m, out, v, q, threads, units);
+    }
+    return valid;
   }
 
-  // The count is summed within each thread's vector lanes (warp shuffles on
-  // GPUs), then across the team's threads through scratch with one barrier,
-  // by the first thread's lanes: Kokkos' general team reduction costs a
-  // dozen barriers.
+  template <class Map>
+  KOKKOS_INLINE_FUNCTION static std::int32_t convert_round(const Map& m, Unit* out, Unit (&v)[UnitsInFlight], std::int32_t q,
+                                                           std::int32_t threads, std::int32_t units) {
+    std::int32_t valid = 0;
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      if (q + u * threads < units) valid += map_unit(m, v[u]);
+    }
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      if (q + u * threads < units) out[q + u * threads] = v[u];
+    }
+    return valid;
+  }
+
+  KOKKOS_INLINE_FUNCTION static void load(const Unit* in, Unit (&v)[UnitsInFlight], std::int32_t q, std::int32_t threads,
+                                          std::int32_t units) {
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      if (q + u * threads < units) v[u] = in[q + u * threads];
+    }
+  }
+
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const std::int64_t t = team.league_rank();
-    const std::int32_t workspace = a.workspace_request != nullptr ? a.workspace_request[t] : -1;
-    std::int32_t thread_valid = 0;
-    if (workspace >= 0) {
-      thread_valid = convert_row(team, WorkspaceMap{a.workspace_starts[workspace]}, t);
-    } else if (a.blocks_per_request > 0) {
-      const std::int32_t* table = a.block_table + static_cast<std::int64_t>(a.req_id[t]) * a.block_table_stride;
-      thread_valid = convert_row(team, TableMap<Split>{table, split, a.blocks_per_request, a.block_stride_rows}, t);
+    const std::int32_t rank = team.team_rank();
+    const std::int32_t threads = team.team_size();
+    const std::int32_t units = p.num_topk / entries(static_cast<const Unit*>(nullptr));
+    auto* partial = static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(sizeof(std::int32_t) * team_sum_ints(threads)));
+
+    // The first round's indices and the request id go out together.
+    const Unit* in = reinterpret_cast<const Unit*>(p.logical + t * p.logical_stride);
+    Unit v[UnitsInFlight];
+    load(in, v, rank, threads, units);
+    const std::int32_t req = p.req_id[t];
+    const std::int32_t workspace = Workspace ? p.workspace_request[t] : -1;
+    if (p.valid_counts != nullptr) begin_team_sum(team, partial);
+
+    Unit* out = reinterpret_cast<Unit*>(p.physical + t * p.physical_stride);
+    std::int32_t valid = 0;
+    if (Workspace && workspace >= 0) {
+      valid = convert_row(WorkspaceMap{p.workspace_starts[workspace]}, in, out, v, rank, threads, units);
     } else {
-      thread_valid = convert_row(team, NothingMap{}, t);
+      const TableMap<Split> m{p.block_table + req * p.block_table_stride, p.limit, p.split, p.block_stride_rows};
+      valid = convert_row(m, in, out, v, rank, threads, units);
     }
-    if (a.valid_counts == nullptr) return;
-    auto* partial = static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(sizeof(std::int32_t) * team.team_size()));
-    Kokkos::single(Kokkos::PerThread(team), [&]() { partial[team.team_rank()] = thread_valid; });
-    team.team_barrier();
-    if (team.team_rank() != 0) return;
-    // The first thread's lanes sum the partials (a load or so each, then
-    // one lane_sum).
-    std::int32_t lane_partials = 0;
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, lanes_per_thread), [&](const std::int32_t lane) {
-      for (std::int32_t i = lane; i < team.team_size(); i += lanes_per_thread) lane_partials += partial[i];
-    });
-    const std::int32_t sum = lane_sum(team, lane_partials);
-    Kokkos::single(Kokkos::PerThread(team), [&]() { a.valid_counts[t] = sum; });
+    if (p.valid_counts == nullptr) return;
+    const std::int32_t sum = team_sum(team, valid, partial);
+    if (rank == 0) p.valid_counts[t] = sum;
   }
 };
 
-template <class Space, int UnitsInFlight, class Split>
-void launch_convert_topk(const Space& space, const TopkConvertArgs& a, Split split, bool vector4, int threads) {
-  constexpr int lanes = warp_lanes<Space>();
-  Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(a.num_tokens), threads / lanes, lanes);
-  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * static_cast<std::size_t>(threads / lanes)));
-  Kokkos::parallel_for("sparse_mla::convert_topk", policy, TopkConvert<Space, Split, UnitsInFlight>{a, split, vector4, lanes});
+template <class Space, class Unit, int UnitsInFlight, class Split>
+void launch(const Space& space, const Params<Split>& p, std::int64_t rows, int threads) {
+  Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), threads);
+  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * team_sum_ints(threads)));
+  if (p.workspace_request != nullptr) {
+    Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, true>{p});
+  } else {
+    Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, false>{p});
+  }
 }
 
 template <class Space, class Split>
-void convert_topk_split(const Space& space, const TopkConvertArgs& a, Split split) {
+void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
+  // A table without blocks has nothing valid (limit 0); its masked loads
+  // read entry 0 of a row, so point every row at a readable int32 (the
+  // first index) rather than at a zero-width table.
+  const bool no_blocks = a.blocks_per_request <= 0;
+  const std::int64_t positions = static_cast<std::int64_t>(a.blocks_per_request) * a.block_size;
+  Params<Split> p{a.logical,
+                  a.req_id,
+                  no_blocks ? a.logical : a.block_table,
+                  a.logical_stride,
+                  no_blocks ? 0 : a.block_table_stride,
+                  no_blocks ? 0u : static_cast<std::uint32_t>(positions < (std::int64_t{1} << 31) ? positions : (std::int64_t{1} << 31)),
+                  split,
+                  a.num_topk,
+                  a.block_stride_rows,
+                  a.physical,
+                  a.physical_stride,
+                  a.valid_counts,
+                  a.workspace_request,
+                  a.workspace_starts};
   const bool vector4 = a.num_topk % 4 == 0 && aligned16(a.logical) && aligned16(a.physical) &&
                        a.logical_stride % 4 == 0 && a.physical_stride % 4 == 0;
-  const std::int64_t units = vector4 ? a.num_topk / 4 : a.num_topk;
   if constexpr (is_host_space<Space>) {
-    launch_convert_topk<Space, 4>(space, a, split, vector4, 1);
+    if (vector4) {
+      launch<Space, Int4, 4>(space, p, a.num_tokens, 1);
+    } else {
+      launch<Space, std::int32_t, 4>(space, p, a.num_tokens, 1);
+    }
   } else {
-    // Shapes measured on the H200 (K=2048, graph replays, rotated inputs), a
-    // raw CUDA kernel of the same structure beside it: a few tokens want
-    // every unit's load in its own thread (512 threads x 1 unit: T=1 in
-    // 1.8 us), a full device wants fewer threads with more loads each in
-    // flight (T=1024: 256 x 2; T=32768: 128 x 4 at 79% of DRAM peak).
-    // Small rows shrink the team to the warps their units fill.
+    // Shapes measured on the H200 (K=2048, graph replays, rotated inputs;
+    // 512 x 1, 512 x 2, 256 x 2, 128 x 2, 128 x 4, 256 x 4, 64 x 8 tried):
+    // a few tokens want many threads with few loads each (T = 1 and 256:
+    // 256 threads x two 16-byte units), a full device fewer threads with
+    // more loads each (T = 1024: 128 x 4, 6.2 us against 6.6 for 256 x 2;
+    // T = 32768: 128 x 2, 130 us against 133 for 128 x 4). Small rows shrink
+    // the team to the warps their units fill (at least one: K >= 1).
+    const std::int64_t units = vector4 ? a.num_topk / 4 : a.num_topk;
     auto threads_for = [&](int base, int in_flight) {
       const std::int64_t needed = (units + in_flight - 1) / in_flight;
       return static_cast<int>(needed >= base ? base : (needed + 31) / 32 * 32);
     };
-    if (a.num_tokens < 512) {
-      launch_convert_topk<Space, 1>(space, a, split, vector4, threads_for(512, 1));
+    if (!vector4) {
+      launch<Space, std::int32_t, 4>(space, p, a.num_tokens, threads_for(128, 4));
+    } else if (a.num_tokens < 512) {
+      launch<Space, Int4, 2>(space, p, a.num_tokens, threads_for(256, 2));
     } else if (a.num_tokens < 8192) {
-      launch_convert_topk<Space, 2>(space, a, split, vector4, threads_for(256, 2));
+      launch<Space, Int4, 4>(space, p, a.num_tokens, threads_for(128, 4));
     } else {
-      launch_convert_topk<Space, 4>(space, a, split, vector4, threads_for(128, 4));
+      launch<Space, Int4, 2>(space, p, a.num_tokens, threads_for(128, 2));
     }
   }
 }
 
+}  // namespace topk
+
+#undef SPARSE_MLA_WARP_REDUCE
+
 template <class Space>
 void convert_topk(const Space& space, const TopkConvertArgs& a) {
   if (a.num_tokens == 0) return;
-  with_block_split(a.block_size, [&](auto split) { convert_topk_split(space, a, split); });
+  with_block_split(a.block_size, [&](auto split) { topk::convert_split(space, a, split); });
 }
 
 }  // namespace sparse_mla::kernels

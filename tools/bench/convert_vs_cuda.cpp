@@ -4,6 +4,13 @@
 // docs/PERFORMANCE.md is the Kokkos form and how much the algorithm.
 //
 //   build/cuda/bin/sparse-mla-convert-vs-cuda
+//   CVC_T=256 CVC_V="kokkos 256" build/cuda/bin/sparse-mla-convert-vs-cuda   # one T, matching kernels
+//
+// It also runs the library's kernel at other team shapes (threads x units
+// in flight), which is how convert_split() chose its shapes. Its rotation
+// is short (32 sets at T <= 256, about 256 KiB), so small-T inputs stay in
+// the L2: `sparse-mla bench`, which rotates over 200 MiB, gives the figures
+// in docs/PERFORMANCE.md (T = 1: 2.12 us there against 1.90 here).
 //
 // Built only in CUDA builds (a Kokkos with CUDA); not part of the library.
 // Every kernel's output is checked against a scalar loop before it is timed.
@@ -83,6 +90,19 @@ __global__ void __launch_bounds__(THREADS)
     if (threadIdx.x == 0) counts[t] = sum;
   }
 }
+// The library's kernel at a team shape of our choosing (threads x N units
+// in flight), for choosing the shapes convert_split() launches.
+namespace shapes {
+template <int N>
+void launch(const Space& space, const sparse_mla::TopkConvertArgs& a, int threads) {
+  using namespace sparse_mla::kernels;
+  const std::int64_t positions = static_cast<std::int64_t>(a.blocks_per_request) * a.block_size;
+  topk::Params<BlockShift> p{a.logical, a.req_id, a.block_table, a.logical_stride, a.block_table_stride,
+                             static_cast<std::uint32_t>(positions), BlockShift{6}, a.num_topk, a.block_stride_rows,
+                             a.physical, a.physical_stride, a.valid_counts, nullptr, nullptr};
+  topk::launch<Space, Int4, N>(space, p, a.num_tokens, threads);
+}
+}  // namespace shapes
 
 struct EmptyTeam {
   KOKKOS_INLINE_FUNCTION void operator()(const Kokkos::TeamPolicy<Space>::member_type&) const {}
@@ -214,7 +234,10 @@ int main(int argc, char** argv) {
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
     const Space space(stream, Kokkos::Impl::ManageStream::no);
     std::printf("%-8s %-26s %10s %10s  %s\n", "T", "kernel", "us", "GB/s", "check");
+    const char* only_t = std::getenv("CVC_T");
+    const char* only_v = std::getenv("CVC_V");
     for (const int T : {1, 256, 1024, 32768}) {
+      if (only_t && std::atoi(only_t) != T) continue;
       const int sets = T >= 32768 ? 2 : (T >= 1024 ? 8 : 32);
       Inputs in(T, sets);
       const int units = K / 4;
@@ -233,6 +256,11 @@ int main(int argc, char** argv) {
       const std::vector<Variant> variants = {
           {"kokkos (library)", [&](int s) { sparse_mla::kernels::convert_topk(space, in.args(s, true)); }, true, true},
           {"kokkos, no counts", [&](int s) { sparse_mla::kernels::convert_topk(space, in.args(s, false)); }, true, false},
+          {"kokkos 256 x 2 units", [&](int s) { shapes::launch<2>(space, in.args(s, true), 256); }, true, true},
+          {"kokkos 512 x 1 unit", [&](int s) { shapes::launch<1>(space, in.args(s, true), 512); }, true, true},
+          {"kokkos 128 x 4 units", [&](int s) { shapes::launch<4>(space, in.args(s, true), 128); }, true, true},
+          {"kokkos 512 x 2 units", [&](int s) { shapes::launch<2>(space, in.args(s, true), 512); }, true, true},
+          {"kokkos 128 x 2 units", [&](int s) { shapes::launch<2>(space, in.args(s, true), 128); }, true, true},
           {"raw 512 x 1 unit", raw(raw_convert<512, 1>, 512), true, true},
           {"raw 256 x 2 units", raw(raw_convert<256, 2>, 256), true, true},
           {"raw 128 x 4 units", raw(raw_convert<128, 4>, 128), true, true},
@@ -246,6 +274,7 @@ int main(int argc, char** argv) {
           {"raw empty kernel", [&](int) { empty_kernel<<<T, 512, 0, stream>>>(); }, false, false},
       };
       for (const Variant& v : variants) {
+        if (only_v && v.name.find(only_v) == std::string::npos) continue;
         std::string verdict = "-";
         if (v.checked) {
           check(cudaMemsetAsync(in.out(0), 0xA5, in.entries() * 4, stream), "poison");

@@ -53,29 +53,33 @@ struct TopkConvertArgs {
 // copy the RoPE part. A row whose source is invalid (block past the table,
 // block id or row id outside its cache, negative position) is not written.
 struct Fp8UpconvertArgs {
+  // Fields in the order the kernel reads them (a team's page, its block,
+  // its rows, its outputs): they reach the kernel through the constant
+  // cache, where what is read first should share the first lines.
+  const std::int32_t* workspace_starts;  // [batch]
+  const std::int32_t* seq_starts;        // [batch], or nullptr
+  std::int32_t batch;
+  std::int32_t total_rows;
+  std::int32_t block_size;  // of the block table's pages
+  std::int32_t blocks_per_request;
+  const std::int32_t* block_table;  // [>= batch, blocks_per_request], row stride block_table_stride
+  std::int64_t block_table_stride;
+  // Host-backed variant (host_cache != nullptr): block_table holds staged
+  // blocks; staged row n = block_table[r, s / block_size] * block_size +
+  // s % block_size reads device cache row device_row_ids[n] when that is
+  // >= 0 (flat: row / cache_block_size, row % cache_block_size), otherwise
+  // host_cache row host_row_ids[n], straight from pinned host memory.
+  const std::uint8_t* host_cache;  // [host_rows, 656], row stride host_row_stride bytes; or nullptr
   // The device cache [cache_blocks, cache_block_size, 656], strides in bytes.
   const std::uint8_t* cache;
   std::int64_t cache_block_stride;
   std::int64_t cache_row_stride;
   std::int64_t cache_blocks;
   std::int32_t cache_block_size;
+  Fp8Format format;
   std::uint16_t* dst;  // bf16 [total_rows, 576], row stride dst_row_stride elements
   std::int64_t dst_row_stride;
-  std::int32_t total_rows;
-  const std::int32_t* block_table;  // [>= batch, blocks_per_request], row stride block_table_stride
-  std::int64_t block_table_stride;
-  std::int32_t blocks_per_request;
-  const std::int32_t* workspace_starts;  // [batch]
-  const std::int32_t* seq_starts;        // [batch], or nullptr
-  std::int32_t batch;
-  std::int32_t block_size;  // of the block table's pages
-  Fp8Format format;
-  // Host-backed variant (host_cache != nullptr): block_table holds staged
-  // blocks; staged row n = block_table[r, s / block_size] * block_size +
-  // s % block_size reads device cache row device_row_ids[n] when that is
-  // >= 0 (flat: row / cache_block_size, row % cache_block_size), otherwise
-  // host_cache row host_row_ids[n], straight from pinned host memory.
-  const std::uint8_t* host_cache;  // [host_rows, 656], row stride host_row_stride bytes
+  // The rest of the host-backed variant.
   std::int64_t host_row_stride;
   std::int64_t host_rows;
   const std::int32_t* host_row_ids;    // [staged_rows]
