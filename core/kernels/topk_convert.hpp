@@ -52,7 +52,7 @@ struct Params {
   // The row's indices and its request: the first loads.
   const std::int32_t* logical;
   const std::int32_t* req_id;
-  const std::int32_t* block_table;  // never null: see launch()
+  const std::int32_t* block_table;  // never null: see params_of()
   std::int64_t logical_stride;
   std::int64_t block_table_stride;
   std::uint32_t limit;  // positions p with (uint32)p < limit have a block in the table
@@ -238,27 +238,32 @@ void launch(const Space& space, const Params<Split>& p, std::int64_t rows, int t
   }
 }
 
-template <class Space, class Split>
-void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
-  // A table without blocks has nothing valid (limit 0); its masked loads
-  // read entry 0 of a row, so point every row at a readable int32 (the
-  // first index) rather than at a zero-width table.
+// The kernel's parameters for `a`. A table without blocks has nothing valid
+// (limit 0); its masked loads read entry 0 of a row, so every row points at
+// a readable int32 (the first index) rather than at a zero-width table.
+template <class Split>
+Params<Split> params_of(const TopkConvertArgs& a, Split split) {
   const bool no_blocks = a.blocks_per_request <= 0;
   const std::int64_t positions = static_cast<std::int64_t>(a.blocks_per_request) * a.block_size;
-  Params<Split> p{a.logical,
-                  a.req_id,
-                  no_blocks ? a.logical : a.block_table,
-                  a.logical_stride,
-                  no_blocks ? 0 : a.block_table_stride,
-                  no_blocks ? 0u : static_cast<std::uint32_t>(positions < (std::int64_t{1} << 31) ? positions : (std::int64_t{1} << 31)),
-                  split,
-                  a.num_topk,
-                  a.block_stride_rows,
-                  a.physical,
-                  a.physical_stride,
-                  a.valid_counts,
-                  a.workspace_request,
-                  a.workspace_starts};
+  return Params<Split>{a.logical,
+                       a.req_id,
+                       no_blocks ? a.logical : a.block_table,
+                       a.logical_stride,
+                       no_blocks ? 0 : a.block_table_stride,
+                       no_blocks ? 0u : static_cast<std::uint32_t>(positions < (std::int64_t{1} << 31) ? positions : (std::int64_t{1} << 31)),
+                       split,
+                       a.num_topk,
+                       a.block_stride_rows,
+                       a.physical,
+                       a.physical_stride,
+                       a.valid_counts,
+                       a.workspace_request,
+                       a.workspace_starts};
+}
+
+template <class Space, class Split>
+void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
+  const Params<Split> p = params_of(a, split);
   const bool vector4 = a.num_topk % 4 == 0 && aligned16(a.logical) && aligned16(a.physical) &&
                        a.logical_stride % 4 == 0 && a.physical_stride % 4 == 0;
   if constexpr (is_host_space<Space>) {

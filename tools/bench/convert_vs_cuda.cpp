@@ -10,7 +10,7 @@
 // in flight), which is how convert_split() chose its shapes. Its rotation
 // is short (32 sets at T <= 256, about 256 KiB), so small-T inputs stay in
 // the L2: `sparse-mla bench`, which rotates over 200 MiB, gives the figures
-// in docs/PERFORMANCE.md (T = 1: 2.12 us there against 1.90 here).
+// in docs/PERFORMANCE.md (T = 1: 2.11 us there against 1.90 here).
 //
 // Built only in CUDA builds (a Kokkos with CUDA); not part of the library.
 // Every kernel's output is checked against a scalar loop before it is timed.
@@ -96,10 +96,7 @@ namespace shapes {
 template <int N>
 void launch(const Space& space, const sparse_mla::TopkConvertArgs& a, int threads) {
   using namespace sparse_mla::kernels;
-  const std::int64_t positions = static_cast<std::int64_t>(a.blocks_per_request) * a.block_size;
-  topk::Params<BlockShift> p{a.logical, a.req_id, a.block_table, a.logical_stride, a.block_table_stride,
-                             static_cast<std::uint32_t>(positions), BlockShift{6}, a.num_topk, a.block_stride_rows,
-                             a.physical, a.physical_stride, a.valid_counts, nullptr, nullptr};
+  const auto p = topk::params_of(a, BlockShift{6});  // block_size 64
   topk::launch<Space, Int4, N>(space, p, a.num_tokens, threads);
 }
 }  // namespace shapes
