@@ -83,6 +83,7 @@ struct BenchConfig {
 
 // The cases, in the order they run; each family lives in its own file.
 void add_copy_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
+void add_floor_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
 void add_convert_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
 void add_upconvert_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
 void add_group_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);

@@ -57,6 +57,8 @@ class CopyCase final : public BenchCase {
 
 std::string mib(std::size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 
+std::string kib(std::size_t bytes) { return std::to_string(bytes >> 10) + " KiB"; }
+
 }  // namespace
 
 void add_copy_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
@@ -66,6 +68,28 @@ void add_copy_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
                    [bytes, seed] { return std::make_unique<CopyCase>(bytes, MemoryKind::device, seed); }});
   cases.push_back({"ceiling/pinned-copy", mib(bytes) + " pinned host -> device", Ceiling::pinned_copy, true,
                    [bytes, seed] { return std::make_unique<CopyCase>(bytes, MemoryKind::pinned_host, seed); }});
+}
+
+void add_floor_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
+  // A plain device copy moving as many bytes as a latency-bound case (read
+  // plus written, half each way), timed the same way: launch, latency and
+  // transfer with no work in between, so a target below it asks for less
+  // time than copying the case's bytes takes on this device.
+  struct Floor {
+    const char* like;
+    std::size_t bytes;  // each way
+  };
+  const Floor floors[] = {{"convert/T=1", 4 * 2048},
+                          {"convert/T=256", 4 * 2048 * 256},
+                          {"convert/T=1024", 4 * 2048 * 1024},
+                          {"upconvert/rows=2048", 2048 * (656 + 1152) / 2}};
+  const std::uint64_t seed = config.seed;
+  for (const Floor& f : floors) {
+    const std::size_t bytes = f.bytes / 16 * 16;
+    cases.push_back({std::string("floor/") + f.like, kib(bytes) + " each way, as " + f.like,
+                     Ceiling::device_copy, false,
+                     [bytes, seed] { return std::make_unique<CopyCase>(bytes, MemoryKind::device, seed); }});
+  }
 }
 
 }  // namespace sparse_mla::cli

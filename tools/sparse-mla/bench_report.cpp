@@ -40,11 +40,18 @@ void print_table(std::ostream& out, const RunInfo& run, const std::vector<CaseRe
   out << "per-launch median over timed replays; each case rotates through >= " << mib(run.rotate_bytes)
       << " of inputs (memory cap " << mib(run.memory_budget) << "); GB/s counts bytes read + written\n"
       << "(cases against the pinned ceiling read their half over the host link: link rate = bytes read / time)\n\n";
-  out << std::left << std::setw(25) << "case" << std::setw(34) << "shape" << std::right << std::setw(6) << "sets"
+  // Columns as wide as their longest entry (at least the usual widths).
+  std::size_t name_width = 25, shape_width = 34;
+  for (const CaseResult& r : results) {
+    name_width = std::max(name_width, r.name.size() + 2);
+    shape_width = std::max(shape_width, r.shape.size() + 2);
+  }
+  const auto nw = static_cast<int>(name_width), sw = static_cast<int>(shape_width);
+  out << std::left << std::setw(nw) << "case" << std::setw(sw) << "shape" << std::right << std::setw(6) << "sets"
       << std::setw(8) << "method" << std::setw(12) << "median us" << std::setw(12) << "min us" << std::setw(10)
       << "GB/s" << std::setw(9) << "ceiling" << "  check\n";
   for (const CaseResult& r : results) {
-    out << std::left << std::setw(25) << r.name << std::setw(34) << r.shape << std::right;
+    out << std::left << std::setw(nw) << r.name << std::setw(sw) << r.shape << std::right;
     if (!r.timed) {
       out << std::setw(6) << "-" << std::setw(8) << "-" << std::setw(12) << "-" << std::setw(12) << "-"
           << std::setw(10) << "-" << std::setw(9) << "-" << "  " << r.outcome << "\n";
