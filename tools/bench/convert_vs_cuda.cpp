@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_timing.hpp"
 #include "topk_convert.hpp"
 
 namespace {
@@ -36,12 +37,8 @@ constexpr int block_size = 64;          // rows per page (the raw kernels shift 
 constexpr int blocks_per_request = 512;  // a 32768-token context
 constexpr int requests = 128;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using sparse_mla::bench::check;
+using sparse_mla::bench::time_graph;
 
 __global__ void empty_kernel() {}
 
@@ -188,38 +185,6 @@ struct Inputs {
     return "";
   }
 };
-
-// Median microseconds per launch: `launches` launches (cycling over the
-// sets) captured into one graph, replayed 25 times, the first 3 untimed.
-double time_graph(cudaStream_t stream, int launches, int sets, const std::function<void(int)>& launch) {
-  for (int s = 0; s < sets; ++s) launch(s);
-  check(cudaStreamSynchronize(stream), "warm-up");
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
-  for (int i = 0; i < launches; ++i) launch(i % sets);
-  check(cudaStreamEndCapture(stream, &graph), "capture");
-  check(cudaGraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  std::vector<double> per_launch;
-  for (int r = 0; r < 25; ++r) {
-    check(cudaEventRecord(start, stream), "record");
-    check(cudaGraphLaunch(exec, stream), "replay");
-    check(cudaEventRecord(stop, stream), "record");
-    check(cudaEventSynchronize(stop), "sync");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    if (r >= 3) per_launch.push_back(ms * 1000.0 / launches);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  std::sort(per_launch.begin(), per_launch.end());
-  return per_launch[per_launch.size() / 2];
-}
 
 }  // namespace
 

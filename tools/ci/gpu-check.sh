@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the `cuda` preset against an installed CUDA-enabled Kokkos and
 # checks the build on the GPU: every test, the golden files, the synthetic
-# schedules (plain and HiSparse), then the benchmark. Logs go to OUT_DIR.
+# schedules (plain and HiSparse), then the benchmark and the copy floors. Logs go to OUT_DIR.
 #   bash tools/ci/gpu-check.sh KOKKOS_PREFIX OUT_DIR [bench options...]
 # Environment: DEPS_PREFIX (more CMake prefixes, ';'-separated: GoogleTest,
 # CLI11, nlohmann-json where the machine lacks them), WERROR (ON by default).
@@ -39,8 +39,13 @@ run synthetic "$cli" validate --backend cuda --synthetic --layers 61 --index-eve
 run synthetic-hisparse "$cli" validate --backend cuda --synthetic --hisparse --layers 8 --index-every 4 --requests 8 --topk 128 --hot-slots 256 --block-size 64 --context 4096 --steps 40 --json
 # One bench process per group of cases, each bounded in time, so that one
 # slow case cannot cost the others their numbers.
-for cases in ceiling convert upconvert group-step resolve swap-in pinned-gather miss-gather; do
+for cases in ceiling floor convert upconvert group-step resolve swap-in pinned-gather miss-gather; do
   run "bench-$cases" timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^$cases/" "$@"
   sed -n '/^case/,$p' "$out/bench-$cases.log"
 done
+# Plain CUDA kernels that only move the cases' bytes (tools/bench).
+if [ -x build/cuda/bin/sparse-mla-floors ]; then
+  run floors build/cuda/bin/sparse-mla-floors
+  cat "$out/floors.log"
+fi
 exit $status
