@@ -341,6 +341,27 @@ TEST_P(Fp8UpconvertTest, HostBackedRowsComeFromTheResidentCacheOrThePinnedPool) 
   }
 }
 
+// Staged pages far larger than the rows: the host-backed block size is the
+// staging plan's, up to 2^31 - 1. GPUs split few pages into teams of 8 rows,
+// and must count those teams by the rows a page can hold, not by its block
+// size (2^28 / 8 teams for each of 801 pages would overflow an int).
+TEST_P(Fp8UpconvertTest, HugeStagedPagesAreAllCopied) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(19);
+  Fp8GatherInputs in = random_host_backed(rng, GatherShape{many_requests(400), 1, false, 0}, 16, false);
+  in.block_size = std::int64_t{1} << 28;
+  in.blocks_per_request = 1;
+  in.block_table.assign(static_cast<std::size_t>(in.batch), 0);  // every request's page is staged block 0
+  // Staged rows 0 .. 22 (a request's tokens), half resident, half in the pool.
+  in.host_row_ids.resize(23);
+  in.device_row_ids.resize(23);
+  for (std::size_t n = 0; n < 23; ++n) {
+    in.host_row_ids[n] = static_cast<std::int32_t>(n * 13 % 500);
+    in.device_row_ids[n] = n % 2 ? static_cast<std::int32_t>(n * 3 % (in.num_blocks * 16)) : -1;
+  }
+  EXPECT_TRUE(same_rows(run(in), expected(in)));
+}
+
 // A row without a valid source is not written; the others are.
 TEST_P(Fp8UpconvertTest, RowsWithoutAValidSourceAreNotWritten) {
   SCOPED_TRACE(seed_trace());

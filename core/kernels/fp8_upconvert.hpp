@@ -16,6 +16,9 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
+#include <type_traits>
+
 #include "space_traits.hpp"
 #include "sparse_mla/kernels.hpp"
 
@@ -173,8 +176,18 @@ KOKKOS_INLINE_FUNCTION std::uint32_t load4(const std::uint8_t* p) {
   return w;
 }
 
-template <bool Vector>
+// A streaming store marks its lines evict-first in the L2 (st.global.cs on
+// CUDA): for outputs larger than the L2, which no later read of this kernel
+// finds there anyway. Elsewhere a plain store.
+template <bool Vector, bool Streaming = false>
 KOKKOS_INLINE_FUNCTION void store16(std::uint8_t* p, const std::uint32_t w[4]) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (Vector && Streaming) {
+    __stcs(reinterpret_cast<int4*>(p), make_int4(static_cast<int>(w[0]), static_cast<int>(w[1]), static_cast<int>(w[2]),
+                                                 static_cast<int>(w[3])));
+    return;
+  }
+#endif
   if constexpr (Vector) {
     *reinterpret_cast<Int4*>(p) = Int4{static_cast<std::int32_t>(w[0]), static_cast<std::int32_t>(w[1]),
                                        static_cast<std::int32_t>(w[2]), static_cast<std::int32_t>(w[3])};
@@ -188,7 +201,7 @@ KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { retu
 
 }  // namespace fp8
 
-template <class Space, bool Vector, class Split>
+template <class Space, bool Vector, class Split, bool Streaming>
 struct Fp8Upconvert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   // Read first (a team's task), then the arguments in the order read.
@@ -257,13 +270,19 @@ struct Fp8Upconvert {
       const std::int32_t next = a.workspace_starts[at + 1 <= last ? at + 1 : last];
       const std::int32_t source = a.seq_starts != nullptr ? a.seq_starts[at] : 0;
       Request q = request(at, start, next, source);
-      if (r > last) q.pages = 0;
-      std::int64_t inclusive = q.pages;
+      // Page counts in 32 bits, each shuffle one instruction (64-bit ones
+      // are two): sums saturate at 2^31 - 1, above every task (the league
+      // is an int), so a saturated lane never holds the task and the lane
+      // that does has exact counts before it.
+      constexpr std::uint32_t saturated = 0x7FFFFFFFu;
+      const std::uint32_t pages = r > last ? 0u : q.pages < saturated ? static_cast<std::uint32_t>(q.pages) : saturated;
+      std::uint32_t inclusive = pages;
       for (int d = 1; d < 32; d <<= 1) {
-        const std::int64_t up = __shfl_up_sync(0xffffffffu, inclusive, d);
-        if (lane >= d) inclusive += up;
+        const std::uint32_t up = __shfl_up_sync(0xffffffffu, inclusive, d);
+        if (lane >= d) inclusive = inclusive + up < saturated ? inclusive + up : saturated;
       }
-      const std::int64_t before = inclusive - q.pages;
+      std::uint32_t before = __shfl_up_sync(0xffffffffu, inclusive, 1);
+      if (lane == 0) before = 0;
       const unsigned holder = __ballot_sync(0xffffffffu, task >= before && task < inclusive);
       if (holder != 0) {
         const int h = __ffs(holder) - 1;
@@ -389,10 +408,10 @@ struct Fp8Upconvert {
       std::uint32_t converted[8];
       upconvert8(l.in, fp8::from_bits(l.scale_bits[0]), converted);
       upconvert8(l.in + 2, fp8::from_bits(l.scale_bits[1]), converted + 4);
-      fp8::store16<Vector>(out + 16 * k, converted);
-      fp8::store16<Vector>(out + 2 * fp8::half_values + 16 * k, converted + 4);
+      fp8::store16<Vector, Streaming>(out + 16 * k, converted);
+      fp8::store16<Vector, Streaming>(out + 2 * fp8::half_values + 16 * k, converted + 4);
     } else {
-      fp8::store16<Vector>(out + 2 * fp8_nope_values + 16 * (k - fp8::nope_units), l.in);
+      fp8::store16<Vector, Streaming>(out + 2 * fp8_nope_values + 16 * (k - fp8::nope_units), l.in);
     }
   }
 
@@ -451,32 +470,44 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
   // (2048 rows: 7.7 us against 14.5 us for a team per page); with many pages
   // a team of 512 threads per page, as the reference launches it, moves more
   // (524288 rows: 1.68 TB/s against 1.04 TB/s). CPUs: a team (of one) per page.
-  const bool few_pages = tasks < 1024;
-  const std::int32_t rows_per_task =
-      is_host_space<Space> || !few_pages ? a.block_size : (a.block_size < 8 ? a.block_size : 8);
-  const std::int64_t chunks = (std::int64_t{a.block_size} + rows_per_task - 1) / rows_per_task;
+  // A page holds at most min(block_size, total_rows) rows; pages so large
+  // that their 8-row teams would not fit in an int take a team each.
+  const std::int64_t page_rows = std::min<std::int64_t>(a.block_size, a.total_rows);
+  const std::int32_t small_task_rows = a.block_size < 8 ? a.block_size : 8;
+  const bool few_pages = !is_host_space<Space> && tasks < 1024 &&
+                         tasks * ((page_rows + small_task_rows - 1) / small_task_rows) <= 0x7FFFFFFF;
+  const std::int32_t rows_per_task = few_pages ? small_task_rows : a.block_size;
+  const std::int64_t chunks = (page_rows + rows_per_task - 1) / rows_per_task;
   const int team = row_team_size<Space>(few_pages ? (rows_per_task * fp8::units_per_row + 31) / 32 * 32 : 512);
   const int teams = static_cast<int>(tasks * chunks);
-  auto launch = [&](const auto& policy) {
+  auto launch = [&](const auto& policy, auto streaming) {
     with_block_split(a.block_size, [&](auto split) {
       using Split = decltype(split);
       const auto chunks32 = static_cast<std::int32_t>(chunks);
       if (vector) {
         Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
-                             Fp8Upconvert<Space, true, Split>{rows_per_task, chunks32, split, a});
+                             Fp8Upconvert<Space, true, Split, decltype(streaming)::value>{rows_per_task, chunks32, split, a});
       } else {
         Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
-                             Fp8Upconvert<Space, false, Split>{rows_per_task, chunks32, split, a});
+                             Fp8Upconvert<Space, false, Split, false>{rows_per_task, chunks32, split, a});
       }
     });
   };
-  if (few_pages || is_host_space<Space>) {
-    launch(Kokkos::TeamPolicy<Space>(space, teams, team));
-  } else {
+  if (!few_pages && !is_host_space<Space>) {
     // Three 512-thread teams an SM (40 registers; ptxas spills 8 bytes)
     // rather than the two that 56 registers allow: 524288 rows at 3.56 TB/s
-    // against 3.29 on the H200, the same session.
-    launch(Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<512, 3>>(space, teams, team));
+    // against 3.29 on the H200, the same session. Outputs several times the
+    // size of a GPU's L2 (Hopper's is 50 MB) are stored streaming: 524288
+    // rows (604 MB) at 3809 GB/s against 3776, the same run.
+    const Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<512, 3>> policy(space, teams, team);
+    constexpr std::int64_t streaming_output_bytes = std::int64_t{256} << 20;
+    if (std::int64_t{a.total_rows} * 2 * upconverted_row_width > streaming_output_bytes) {
+      launch(policy, std::true_type{});
+    } else {
+      launch(policy, std::false_type{});
+    }
+  } else {
+    launch(Kokkos::TeamPolicy<Space>(space, teams, team), std::false_type{});
   }
 }
 
