@@ -287,6 +287,26 @@ TEST_P(Fp8UpconvertTest, RandomGathersMatchTheReference) {
   }
 }
 
+// GPUs launch many pages (1024 page tasks or more) differently from few: a
+// team of 512 threads per page, several pages a team, and stores that
+// stream past the L2 when the output is over 256 MiB (240,000 rows of 1152
+// bytes). Block size 1 with starts off boundaries makes every request's
+// pages partial; the task count is not a multiple of the pages a team takes.
+// The streaming shape runs on GPUs only: the host backend has no streaming
+// path, and its 430 MB of rows would cost CI minutes under the sanitizers.
+TEST_P(Fp8UpconvertTest, ManyPagesMatchTheReference) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(20);
+  std::vector<GatherShape> shapes = {GatherShape{{1000, 1, 1999}, 1, true, 0},
+                                     GatherShape{many_requests(200), 1, false, 5}};
+  if (GetParam() != "host") shapes.push_back(GatherShape{std::vector<std::int32_t>(8, 30000), 64, true, 0});
+  for (const GatherShape& s : shapes) {
+    SCOPED_TRACE(describe(s).substr(0, 80));
+    const auto in = random_gather(rng, s, false);
+    EXPECT_TRUE(same_rows(run(in), expected(in)));
+  }
+}
+
 // Every request touches two pages: the launch must cover 2 * batch partial
 // pages on top of the full ones.
 TEST_P(Fp8UpconvertTest, RequestsStraddlingBlockBoundariesAreAllCopied) {

@@ -158,7 +158,7 @@ struct Row {
 
 void print(const Row& r, double ceiling) {
   const double gbs = r.bytes / (r.us * 1e3);
-  std::printf("%-44s %10.2f %10.1f %8.0f%%  %s\n", r.name.c_str(), r.us, gbs, 100 * gbs / ceiling, r.check.c_str());
+  std::printf("%-52s %10.2f %10.1f %8.0f%%  %s\n", r.name.c_str(), r.us, gbs, 100 * gbs / ceiling, r.check.c_str());
 }
 
 int launches_for(int sets, int at_least) { return sets * ((at_least + sets - 1) / sets); }
@@ -168,7 +168,7 @@ int launches_for(int sets, int at_least) { return sets * ((at_least + sets - 1) 
 int main() {
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-  std::printf("%-44s %10s %10s %9s  %s\n", "floor", "us", "GB/s", "ceiling", "check");
+  std::printf("%-52s %10s %10s %9s  %s\n", "floor", "us", "GB/s", "ceiling", "check");
 
   // The copy ceiling, as `sparse-mla bench` measures it: 200 MiB each way.
   double ceiling = 0;
