@@ -65,12 +65,12 @@ Settings settle(const BenchOptions& o, const DeviceInfo& device) {
 std::vector<CaseSpec> select_cases(const BenchOptions& o, const BenchConfig& config) {
   std::vector<CaseSpec> all;
   add_copy_cases(all, config);
-  add_floor_cases(all, config);
   add_convert_cases(all, config);
   add_upconvert_cases(all, config);
   add_group_cases(all, config);
   add_hisparse_cases(all, config);
   add_gather_cases(all, config);
+  add_floor_cases(all, config);  // derived from the cases above
   std::vector<std::regex> filters;
   for (const std::string& f : o.filters) {
     try {

@@ -2,6 +2,7 @@
 // kernels: a device-to-device copy, and a copy from pinned host memory into
 // device memory (the most a kernel reading host rows over the link can hope
 // for). Bytes count what is read plus what is written, like the kernels.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -72,24 +73,23 @@ void add_copy_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
 
 void add_floor_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
   // A plain device copy moving as many bytes as a latency-bound case (read
-  // plus written, half each way), timed the same way: launch, latency and
-  // transfer with no work in between, so a target below it asks for less
-  // time than copying the case's bytes takes on this device.
-  struct Floor {
-    const char* like;
-    std::size_t bytes;  // each way
-  };
-  const Floor floors[] = {{"convert/T=1", 4 * 2048},
-                          {"convert/T=256", 4 * 2048 * 256},
-                          {"convert/T=1024", 4 * 2048 * 1024},
-                          {"upconvert/rows=2048", 2048 * (656 + 1152) / 2}};
-  const std::uint64_t seed = config.seed;
-  for (const Floor& f : floors) {
-    const std::size_t bytes = f.bytes / 16 * 16;
-    cases.push_back({std::string("floor/") + f.like, kib(bytes) + " each way, as " + f.like,
-                     Ceiling::device_copy, false,
-                     [bytes, seed] { return std::make_unique<CopyCase>(bytes, MemoryKind::device, seed); }});
+  // plus written, half each way; the case's own traffic()), timed the same
+  // way: launch, latency and transfer with no work in between, so a target
+  // below it asks for less time than copying the case's bytes takes on this
+  // device. Placed after the ceilings.
+  const char* const latency_bound[] = {"convert/T=1", "convert/T=256", "convert/T=1024", "upconvert/rows=2048"};
+  std::vector<CaseSpec> floors;
+  for (const char* like : latency_bound) {
+    const auto spec = std::find_if(cases.begin(), cases.end(), [&](const CaseSpec& c) { return c.name == like; });
+    if (spec == cases.end()) continue;
+    const std::size_t bytes = spec->make()->traffic().total() / 2 / 16 * 16;
+    const std::uint64_t seed = config.seed;
+    floors.push_back({std::string("floor/") + like, kib(bytes) + " each way, as " + like, Ceiling::device_copy, false,
+                      [bytes, seed] { return std::make_unique<CopyCase>(bytes, MemoryKind::device, seed); }});
   }
+  const auto after_ceilings =
+      std::find_if(cases.begin(), cases.end(), [](const CaseSpec& c) { return !c.is_ceiling; });
+  cases.insert(after_ceilings, floors.begin(), floors.end());
 }
 
 }  // namespace sparse_mla::cli
