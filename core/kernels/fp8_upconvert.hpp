@@ -201,9 +201,22 @@ KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { retu
 
 }  // namespace fp8
 
-template <class Space, bool Vector, class Split, bool Streaming>
+// The three GPU launches of the kernel (gather_upconvert_fp8 picks one; CPUs
+// take many_pages). They differ, measured on the H200 in one run each:
+// - few_pages (teams of 8 rows): a warp's request loads go out before the
+//   team works out its task, so that they are in flight during its
+//   division (2048 rows: 3.95 us against 4.06);
+// - many_pages (512-thread teams held to 40 registers): the loads after it,
+//   since the early loads live through the division in registers, which
+//   ptxas then spills (524288 rows: 3745 GB/s against 3808);
+// - many_pages_streaming: as many_pages, outputs stored streaming.
+enum class UpconvertShape { few_pages, many_pages, many_pages_streaming };
+
+template <class Space, bool Vector, class Split, UpconvertShape Shape>
 struct Fp8Upconvert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
+  static constexpr bool Streaming = Shape == UpconvertShape::many_pages_streaming;
+  static constexpr bool loads_first = Shape == UpconvertShape::few_pages;
   // Read first (a team's task), then the arguments in the order read.
   std::int32_t rows_per_task;     // rows of a page one team converts
   std::int32_t chunks_per_page;   // teams per page task (32-bit: a 64-bit division is ~100 instructions)
@@ -248,28 +261,59 @@ struct Fp8Upconvert {
     return Page{r, block, copy_begin - block * bs, copy_end - copy_begin, q.begin + copy_begin - q.source};
   }
 
-  // Every thread of a team looks up the same page. On CUDA the 32 lanes of a
+  // Every thread of a team looks up the same page. On CUDA (page_of_warp) the 32 lanes of a
   // warp take 32 requests at once (loads, page counts, a shuffle scan of
   // them, a ballot for the one that holds the task): a few dozen
   // instructions, where a loop over the requests cost each warp hundreds,
   // as many as the conversion of its rows (Nsight Compute at 2048 rows).
-  // Elsewhere a loop, with the starts of 8 requests loaded before any is
+  // Elsewhere (page_of) a loop, with the starts of 8 requests loaded before any is
   // used (clamped indices, not branches, so that the loads issue together).
   static constexpr std::int32_t loads_together = 8;
 
-  KOKKOS_INLINE_FUNCTION bool page_of(const member_type& team, std::int64_t task, Page& page) const {
+  // What a lane loads for request r0 + lane: its start, the next request's
+  // start and its first source row (indices clamped to the last request, so
+  // the loads need no branch; batch >= 1 by the launch's guard).
+  struct RequestLoads {
+    std::int32_t start, next, source;
+  };
+  KOKKOS_INLINE_FUNCTION RequestLoads request_loads(std::int32_t r) const {
     const std::int32_t last = a.batch - 1;
+    const std::int32_t at = r < last ? r : last;
+    return RequestLoads{a.workspace_starts[at], a.workspace_starts[at + 1 <= last ? at + 1 : last],
+                        a.seq_starts != nullptr ? a.seq_starts[at] : 0};
+  }
+
+  KOKKOS_INLINE_FUNCTION bool page_of(std::int64_t task, Page& page) const {
+    const std::int32_t last = a.batch - 1;
+    for (std::int32_t r0 = 0; r0 <= last; r0 += loads_together) {
+      std::int32_t start[loads_together + 1], source[loads_together];
+      for (int u = 0; u <= loads_together; ++u) start[u] = a.workspace_starts[r0 + u < last ? r0 + u : last];
+      for (int u = 0; u < loads_together; ++u) {
+        source[u] = a.seq_starts != nullptr ? a.seq_starts[r0 + u < last ? r0 + u : last] : 0;
+      }
+      for (int u = 0; u < loads_together && r0 + u <= last; ++u) {
+        const Request q = request(r0 + u, start[u], start[u + 1], source[u]);
+        if (task < q.pages) {
+          page = page_in(r0 + u, q, task);
+          return true;
+        }
+        task -= q.pages;
+      }
+    }
+    return false;
+  }
+
 #if defined(__CUDA_ARCH__)
-    // Kokkos lays a team of vector length 1 out along threadIdx.y, and the
-    // GPU teams of this kernel are whole warps: rank & 31 is the warp lane.
-    const int lane = team.team_rank() & 31;
+  // The lookup by one warp. With loads_first the kernel has issued its
+  // first round's loads before anything else (a task's page needs a
+  // division first, and the loads nothing); otherwise they are issued here.
+  KOKKOS_INLINE_FUNCTION bool page_of_warp(int lane, RequestLoads loads, std::int64_t task, Page& page) const {
+    const std::int32_t last = a.batch - 1;
     for (std::int32_t r0 = 0; r0 <= last; r0 += 32) {
       const std::int32_t r = r0 + lane;
+      if (r0 > 0 || !loads_first) loads = request_loads(r);
       const std::int32_t at = r < last ? r : last;
-      const std::int32_t start = a.workspace_starts[at];
-      const std::int32_t next = a.workspace_starts[at + 1 <= last ? at + 1 : last];
-      const std::int32_t source = a.seq_starts != nullptr ? a.seq_starts[at] : 0;
-      Request q = request(at, start, next, source);
+      Request q = request(at, loads.start, loads.next, loads.source);
       // Page counts in 32 bits, each shuffle one instruction (64-bit ones
       // are two): sums saturate at 2^31 - 1, above every task (the league
       // is an int), so a saturated lane never holds the task and the lane
@@ -296,26 +340,8 @@ struct Fp8Upconvert {
       task -= __shfl_sync(0xffffffffu, inclusive, 31);
     }
     return false;
-#else
-    (void)team;
-    for (std::int32_t r0 = 0; r0 <= last; r0 += loads_together) {
-      std::int32_t start[loads_together + 1], source[loads_together];
-      for (int u = 0; u <= loads_together; ++u) start[u] = a.workspace_starts[r0 + u < last ? r0 + u : last];
-      for (int u = 0; u < loads_together; ++u) {
-        source[u] = a.seq_starts != nullptr ? a.seq_starts[r0 + u < last ? r0 + u : last] : 0;
-      }
-      for (int u = 0; u < loads_together && r0 + u <= last; ++u) {
-        const Request q = request(r0 + u, start[u], start[u + 1], source[u]);
-        if (task < q.pages) {
-          page = page_in(r0 + u, q, task);
-          return true;
-        }
-        task -= q.pages;
-      }
-    }
-    return false;
-#endif
   }
+#endif
 
   // Where token `token` of the page's block is read from; nullptr when the
   // block table, the ids or the cache do not hold it.
@@ -434,10 +460,24 @@ struct Fp8Upconvert {
   // Two named slots, not an array indexed in a loop, which nvcc put in
   // local memory (seen in the PTX).
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
-    const std::int32_t task = team.league_rank();
+#if defined(__CUDA_ARCH__)
+    // Kokkos lays a team of vector length 1 out along threadIdx.y, and the
+    // GPU teams of this kernel are whole warps: rank & 31 is the warp lane.
+    const int warp_lane = team.team_rank() & 31;
+    RequestLoads loads{};
+    if constexpr (loads_first) loads = request_loads(warp_lane);
+#endif
+    // Unsigned: the league rank and chunks_per_page are positive, and an
+    // unsigned division is a few instructions shorter.
+    const auto task = static_cast<std::uint32_t>(team.league_rank());
+    const auto chunks = static_cast<std::uint32_t>(chunks_per_page);
     Page page{};
-    if (!page_of(team, task / chunks_per_page, page)) return;
-    const std::int32_t first = static_cast<std::int32_t>(task % chunks_per_page) * rows_per_task;
+#if defined(__CUDA_ARCH__)
+    if (!page_of_warp(warp_lane, loads, task / chunks, page)) return;
+#else
+    if (!page_of(task / chunks, page)) return;
+#endif
+    const std::int32_t first = static_cast<std::int32_t>(task % chunks) * rows_per_task;
     const std::int32_t page_rows = static_cast<std::int32_t>(page.rows);
     if (first >= page_rows) return;
     const std::int32_t rows = page_rows - first < rows_per_task ? page_rows - first : rows_per_task;
@@ -480,20 +520,28 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
   const std::int64_t chunks = (page_rows + rows_per_task - 1) / rows_per_task;
   const int team = row_team_size<Space>(few_pages ? (rows_per_task * fp8::units_per_row + 31) / 32 * 32 : 512);
   const int teams = static_cast<int>(tasks * chunks);
-  auto launch = [&](const auto& policy, auto streaming) {
+  using Shape = UpconvertShape;
+  auto launch = [&](const auto& policy, auto shape) {
+    constexpr Shape vector_shape = decltype(shape)::value;
+    // Unaligned rows take no streaming stores (store16 has none for them).
+    constexpr Shape scalar_shape = vector_shape == Shape::many_pages_streaming ? Shape::many_pages : vector_shape;
     with_block_split(a.block_size, [&](auto split) {
       using Split = decltype(split);
       const auto chunks32 = static_cast<std::int32_t>(chunks);
       if (vector) {
         Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
-                             Fp8Upconvert<Space, true, Split, decltype(streaming)::value>{rows_per_task, chunks32, split, a});
+                             Fp8Upconvert<Space, true, Split, vector_shape>{rows_per_task, chunks32, split, a});
       } else {
         Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
-                             Fp8Upconvert<Space, false, Split, false>{rows_per_task, chunks32, split, a});
+                             Fp8Upconvert<Space, false, Split, scalar_shape>{rows_per_task, chunks32, split, a});
       }
     });
   };
-  if (!few_pages && !is_host_space<Space>) {
+  if constexpr (is_host_space<Space>) {
+    launch(Kokkos::TeamPolicy<Space>(space, teams, team), std::integral_constant<Shape, Shape::many_pages>{});
+  } else if (few_pages) {
+    launch(Kokkos::TeamPolicy<Space>(space, teams, team), std::integral_constant<Shape, Shape::few_pages>{});
+  } else {
     // Three 512-thread teams an SM (40 registers; ptxas spills 8 bytes)
     // rather than the two that 56 registers allow: 524288 rows at 3.56 TB/s
     // against 3.29 on the H200, the same session. Outputs several times the
@@ -502,12 +550,10 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
     const Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<512, 3>> policy(space, teams, team);
     constexpr std::int64_t streaming_output_bytes = std::int64_t{256} << 20;
     if (std::int64_t{a.total_rows} * 2 * upconverted_row_width > streaming_output_bytes) {
-      launch(policy, std::true_type{});
+      launch(policy, std::integral_constant<Shape, Shape::many_pages_streaming>{});
     } else {
-      launch(policy, std::false_type{});
+      launch(policy, std::integral_constant<Shape, Shape::many_pages>{});
     }
-  } else {
-    launch(Kokkos::TeamPolicy<Space>(space, teams, team), std::false_type{});
   }
 }
 
