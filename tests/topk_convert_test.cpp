@@ -146,8 +146,6 @@ const Shape shapes[] = {
     {520, 516, 4, 30, 32, 32, true},     // same, prefill, 129 units: a partly filled round
     {530, 6, 3, 5, 8, 8, false},         // same, per-entry path
     {8200, 64, 5, 10, 16, 16, false},    // T >= 8192: GPUs take the large-batch shape (2 units in flight)
-    {3, 512, 2, 4096, 1, 1, false},      // the longest block-table row a few tokens stage in team scratch
-    {3, 512, 2, 4097, 1, 1, true},       // one entry longer: looked up in place
 };
 
 TEST_P(TopkConvertTest, MatchesTheReferenceOverManyShapes) {

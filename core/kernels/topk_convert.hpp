@@ -59,7 +59,6 @@ struct Params {
   Split split;
   std::int32_t num_topk;
   std::int32_t block_stride_rows;
-  std::int32_t table_entries;  // of a block-table row that can be read (>= 1)
   // Read once the loads are out.
   std::int32_t* physical;
   std::int64_t physical_stride;
@@ -154,32 +153,10 @@ KOKKOS_INLINE_FUNCTION std::int32_t team_sum(const Member& team, std::int32_t va
 
 KOKKOS_INLINE_FUNCTION constexpr std::size_t team_sum_ints(int threads) { return threads >= 32 ? static_cast<std::size_t>(threads) / 32 : 1; }
 
-template <class Space, class Split, class Unit, int UnitsInFlight, bool Workspace, bool StagedTable>
+template <class Space, class Split, class Unit, int UnitsInFlight, bool Workspace>
 struct Convert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   Params<Split> p;
-
-  // StagedTable: the team copies its request's whole block-table row into
-  // team scratch while its indices are still on their way, so that the
-  // lookups after them read shared memory instead of making a second trip
-  // to the L2 or memory. For a few tokens with short rows (see
-  // convert_split): the row's loads need only the request id, which is
-  // cheaper to fetch than the indices, and they go out together.
-  KOKKOS_INLINE_FUNCTION const std::int32_t* stage_table(const member_type& team, const std::int32_t* row,
-                                                         std::int32_t* staged, std::int32_t rank,
-                                                         std::int32_t threads) const {
-    constexpr int in_flight = 4;
-    const std::int32_t n = p.table_entries;
-    for (std::int32_t i0 = rank; i0 < n; i0 += in_flight * threads) {
-      std::int32_t e[in_flight];
-      for (int u = 0; u < in_flight; ++u) e[u] = row[i0 + u * threads < n ? i0 + u * threads : 0];
-      for (int u = 0; u < in_flight; ++u) {
-        if (i0 + u * threads < n) staged[i0 + u * threads] = e[u];
-      }
-    }
-    team.team_barrier();
-    return staged;
-  }
 
   // Thread `rank` of `threads` converts units rank, rank + threads, ... of
   // the row, UnitsInFlight at a time; v holds the first round, loaded. The
@@ -227,8 +204,6 @@ struct Convert {
     const std::int32_t threads = team.team_size();
     const std::int32_t units = p.num_topk / entries(static_cast<const Unit*>(nullptr));
     auto* partial = static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(sizeof(std::int32_t) * team_sum_ints(threads)));
-    auto* staged = StagedTable ? static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(sizeof(std::int32_t) * p.table_entries))
-                               : nullptr;
 
     // The first round's indices and the request id go out together.
     const Unit* in = reinterpret_cast<const Unit*>(p.logical + t * p.logical_stride);
@@ -243,9 +218,7 @@ struct Convert {
     if (Workspace && workspace >= 0) {
       valid = convert_row(WorkspaceMap{p.workspace_starts[workspace]}, in, out, v, rank, threads, units);
     } else {
-      const std::int32_t* row = p.block_table + req * p.block_table_stride;
-      if (StagedTable) row = stage_table(team, row, staged, rank, threads);  // team-uniform: one request per token
-      const TableMap<Split> m{row, p.limit, p.split, p.block_stride_rows};
+      const TableMap<Split> m{p.block_table + req * p.block_table_stride, p.limit, p.split, p.block_stride_rows};
       valid = convert_row(m, in, out, v, rank, threads, units);
     }
     if (p.valid_counts == nullptr) return;
@@ -254,23 +227,16 @@ struct Convert {
   }
 };
 
-template <class Space, class Unit, int UnitsInFlight, bool StagedTable = false, class Split>
+template <class Space, class Unit, int UnitsInFlight, class Split>
 void launch(const Space& space, const Params<Split>& p, std::int64_t rows, int threads) {
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), threads);
-  // Kokkos aligns each get_shmem() to 8 bytes: room for that padding.
-  const std::size_t staged = StagedTable ? sizeof(std::int32_t) * static_cast<std::size_t>(p.table_entries) + 8 : 0;
-  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * team_sum_ints(threads) + 8 + staged));
+  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * team_sum_ints(threads)));
   if (p.workspace_request != nullptr) {
-    Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, true, StagedTable>{p});
+    Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, true>{p});
   } else {
-    Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, false, StagedTable>{p});
+    Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, false>{p});
   }
 }
-
-// Block-table rows up to this many entries are staged in team scratch by
-// launches of few tokens (16 KiB: DeepSeek-V3.2's 128K-token context in
-// blocks of 64 is 2048 entries).
-constexpr std::int32_t max_staged_table_entries = 4096;
 
 // The kernel's parameters for `a`. A table without blocks has nothing valid
 // (limit 0); its masked loads read entry 0 of a row, so every row points at
@@ -288,7 +254,6 @@ Params<Split> params_of(const TopkConvertArgs& a, Split split) {
                        split,
                        a.num_topk,
                        a.block_stride_rows,
-                       no_blocks ? 1 : a.blocks_per_request,
                        a.physical,
                        a.physical_stride,
                        a.valid_counts,
@@ -301,14 +266,8 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
   const Params<Split> p = params_of(a, split);
   const bool vector4 = a.num_topk % 4 == 0 && aligned16(a.logical) && aligned16(a.physical) &&
                        a.logical_stride % 4 == 0 && a.physical_stride % 4 == 0;
-  // A few tokens (one team each) with short block-table rows stage their
-  // row (convert's StagedTable). CPUs take the same path for those shapes,
-  // so that it is tested where there is no GPU.
-  const bool staged_table = a.num_tokens < 512 && p.table_entries <= max_staged_table_entries;
   if constexpr (is_host_space<Space>) {
-    if (vector4 && staged_table) {
-      launch<Space, Int4, 4, true>(space, p, a.num_tokens, 1);
-    } else if (vector4) {
+    if (vector4) {
       launch<Space, Int4, 4>(space, p, a.num_tokens, 1);
     } else {
       launch<Space, std::int32_t, 4>(space, p, a.num_tokens, 1);
@@ -328,8 +287,6 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
     };
     if (!vector4) {
       launch<Space, std::int32_t, 4>(space, p, a.num_tokens, threads_for(128, 4));
-    } else if (staged_table) {
-      launch<Space, Int4, 2, true>(space, p, a.num_tokens, threads_for(256, 2));
     } else if (a.num_tokens < 512) {
       launch<Space, Int4, 2>(space, p, a.num_tokens, threads_for(256, 2));
     } else if (a.num_tokens < 8192) {
