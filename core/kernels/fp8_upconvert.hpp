@@ -467,10 +467,12 @@ struct Fp8Upconvert {
     RequestLoads loads{};
     if constexpr (loads_first) loads = request_loads(warp_lane);
 #endif
-    // Unsigned: the league rank and chunks_per_page are positive, and an
-    // unsigned division is a few instructions shorter.
-    const auto task = static_cast<std::uint32_t>(team.league_rank());
-    const auto chunks = static_cast<std::uint32_t>(chunks_per_page);
+    // Few pages: an unsigned division (the league rank and chunks_per_page
+    // are positive), a few instructions shorter. Many pages: signed, as
+    // measured (PENDING).
+    using TaskIndex = std::conditional_t<loads_first, std::uint32_t, std::int32_t>;
+    const auto task = static_cast<TaskIndex>(team.league_rank());
+    const auto chunks = static_cast<TaskIndex>(chunks_per_page);
     Page page{};
 #if defined(__CUDA_ARCH__)
     if (!page_of_warp(warp_lane, loads, task / chunks, page)) return;
