@@ -205,17 +205,17 @@ KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { retu
 // take many_pages). They differ, measured on the H200 in one run each:
 // - few_pages (teams of 8 rows): a warp's request loads go out before the
 //   team works out its task, so that they are in flight during its
-//   division (2048 rows: 3.95 us against 4.06);
+//   division (2048 rows: 3.95 us against 4.06-4.08, three A/B rounds);
 // - many_pages (512-thread teams held to 40 registers): the loads after it,
-//   since the early loads live through the division in registers, which
-//   ptxas then spills (524288 rows: 3745 GB/s against 3808);
+//   as before (early loads and an unsigned division there: 524288 rows at
+//   3745 GB/s against 3808);
 // - many_pages_streaming: as many_pages, outputs stored streaming.
 enum class UpconvertShape { few_pages, many_pages, many_pages_streaming };
 
 template <class Space, bool Vector, class Split, UpconvertShape Shape>
 struct Fp8Upconvert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
-  static constexpr bool Streaming = Shape == UpconvertShape::many_pages_streaming;
+  static constexpr bool streaming = Shape == UpconvertShape::many_pages_streaming;
   static constexpr bool loads_first = Shape == UpconvertShape::few_pages;
   // Read first (a team's task), then the arguments in the order read.
   std::int32_t rows_per_task;     // rows of a page one team converts
@@ -434,10 +434,10 @@ struct Fp8Upconvert {
       std::uint32_t converted[8];
       upconvert8(l.in, fp8::from_bits(l.scale_bits[0]), converted);
       upconvert8(l.in + 2, fp8::from_bits(l.scale_bits[1]), converted + 4);
-      fp8::store16<Vector, Streaming>(out + 16 * k, converted);
-      fp8::store16<Vector, Streaming>(out + 2 * fp8::half_values + 16 * k, converted + 4);
+      fp8::store16<Vector, streaming>(out + 16 * k, converted);
+      fp8::store16<Vector, streaming>(out + 2 * fp8::half_values + 16 * k, converted + 4);
     } else {
-      fp8::store16<Vector, Streaming>(out + 2 * fp8_nope_values + 16 * (k - fp8::nope_units), l.in);
+      fp8::store16<Vector, streaming>(out + 2 * fp8_nope_values + 16 * (k - fp8::nope_units), l.in);
     }
   }
 
@@ -468,8 +468,9 @@ struct Fp8Upconvert {
     if constexpr (loads_first) loads = request_loads(warp_lane);
 #endif
     // Few pages: an unsigned division (the league rank and chunks_per_page
-    // are positive), a few instructions shorter. Many pages: signed, as
-    // measured (PENDING).
+    // are positive), a few instructions shorter. Many pages: signed, which
+    // measured 2% faster there (524288 rows: 3808 GB/s against 3711-3718
+    // with the unsigned one, A/B runs of session 6).
     using TaskIndex = std::conditional_t<loads_first, std::uint32_t, std::int32_t>;
     const auto task = static_cast<TaskIndex>(team.league_rank());
     const auto chunks = static_cast<TaskIndex>(chunks_per_page);
