@@ -207,8 +207,8 @@ KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { retu
 //   team works out its task, so that they are in flight during its
 //   division (2048 rows: 3.95 us against 4.06-4.08, three A/B rounds);
 // - many_pages (512-thread teams held to 40 registers): the loads after it,
-//   as before (early loads and an unsigned division there: 524288 rows at
-//   3745 GB/s against 3808);
+//   as before (early there, 524288 rows moved 3788 GB/s against 3773-3786:
+//   within the spread between runs, so the shorter code stays);
 // - many_pages_streaming: as many_pages, outputs stored streaming.
 enum class UpconvertShape { few_pages, many_pages, many_pages_streaming };
 
@@ -261,13 +261,14 @@ struct Fp8Upconvert {
     return Page{r, block, copy_begin - block * bs, copy_end - copy_begin, q.begin + copy_begin - q.source};
   }
 
-  // Every thread of a team looks up the same page. On CUDA (page_of_warp) the 32 lanes of a
-  // warp take 32 requests at once (loads, page counts, a shuffle scan of
-  // them, a ballot for the one that holds the task): a few dozen
-  // instructions, where a loop over the requests cost each warp hundreds,
-  // as many as the conversion of its rows (Nsight Compute at 2048 rows).
-  // Elsewhere (page_of) a loop, with the starts of 8 requests loaded before any is
-  // used (clamped indices, not branches, so that the loads issue together).
+  // Every thread of a team looks up the same page. On CUDA (page_of_warp)
+  // the 32 lanes of a warp take 32 requests at once (loads, page counts, a
+  // shuffle scan of them, a ballot for the one that holds the task): a few
+  // dozen instructions, where a loop over the requests cost each warp
+  // hundreds, as many as the conversion of its rows (Nsight Compute at 2048
+  // rows). Elsewhere (page_of) a loop, with the starts of 8 requests loaded
+  // before any is used (clamped indices, not branches, so that the loads
+  // issue together).
   static constexpr std::int32_t loads_together = 8;
 
   // What a lane loads for request r0 + lane: its start, the next request's
@@ -469,8 +470,8 @@ struct Fp8Upconvert {
 #endif
     // Few pages: an unsigned division (the league rank and chunks_per_page
     // are positive), a few instructions shorter. Many pages: signed, which
-    // measured 2% faster there (524288 rows: 3808 GB/s against 3711-3718
-    // with the unsigned one, A/B runs of session 6).
+    // measured 2% faster there (524288 rows at 3711-3718 GB/s with the
+    // unsigned one, 3783 with the signed one in the same run).
     using TaskIndex = std::conditional_t<loads_first, std::uint32_t, std::int32_t>;
     const auto task = static_cast<TaskIndex>(team.league_rank());
     const auto chunks = static_cast<TaskIndex>(chunks_per_page);
