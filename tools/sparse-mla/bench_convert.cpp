@@ -2,6 +2,7 @@
 // K = 2048: T = 1, 256 and 1024 decode tokens and a 32768-token batch.
 // Bytes: reads 4*T*K, writes 4*T*K + 4*T (block-table reads are extra).
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,27 +19,30 @@ constexpr std::int32_t K = 2048;  // DeepSeek-V3.2's top-k
 
 class ConvertCase final : public BenchCase {
  public:
-  ConvertCase(std::int64_t tokens, std::uint64_t seed)
-      : in_(tokens, K, static_cast<std::int32_t>(std::min<std::int64_t>(tokens, 128)), seed) {}
+  // The inputs are drawn in setup(): making a case is cheap, so that the
+  // bench's floor cases can ask one for its traffic().
+  ConvertCase(std::int64_t tokens, std::uint64_t seed) : tokens_(tokens), seed_(seed) {}
 
   Traffic traffic() const override {
-    const auto entries = static_cast<std::uint64_t>(in_.tokens) * K;
-    return {4 * entries, 4 * entries + 4 * static_cast<std::uint64_t>(in_.tokens)};
+    const auto entries = static_cast<std::uint64_t>(tokens_) * K;
+    return {4 * entries, 4 * entries + 4 * static_cast<std::uint64_t>(tokens_)};
   }
-  std::size_t set_bytes() const override { return 2 * in_.logical_bytes() + static_cast<std::size_t>(in_.tokens) * 4; }
+  std::size_t set_bytes() const override { return static_cast<std::size_t>(tokens_) * (2 * K * 4 + 4); }
 
   void setup(Device& device, Stream& stream, int sets) override {
-    const std::int64_t T = in_.tokens;
+    const std::int64_t T = tokens_;
+    in_.emplace(T, K, static_cast<std::int32_t>(std::min<std::int64_t>(T, 128)), seed_);
+    const TopkInputs& in = *in_;
     const auto rows = static_cast<std::int64_t>(sets) * T;
     logical_ = device.allocate(static_cast<std::size_t>(rows) * K * 4, MemoryKind::device);
     physical_ = device.allocate(static_cast<std::size_t>(rows) * K * 4, MemoryKind::device);
     counts_ = device.allocate(static_cast<std::size_t>(rows) * 4, MemoryKind::device);
     req_id_ = device.allocate(static_cast<std::size_t>(T) * 4, MemoryKind::device);
-    table_ = device.allocate(in_.block_table.size() * 4, MemoryKind::device);
-    upload_to(device, stream, logical_, 0, in_.logical);
-    replicate_slices(stream, logical_, in_.logical_bytes(), sets);
-    upload_to(device, stream, req_id_, 0, in_.req_id);
-    upload_to(device, stream, table_, 0, in_.block_table);
+    table_ = device.allocate(in.block_table.size() * 4, MemoryKind::device);
+    upload_to(device, stream, logical_, 0, in.logical);
+    replicate_slices(stream, logical_, in.logical_bytes(), sets);
+    upload_to(device, stream, req_id_, 0, in.req_id);
+    upload_to(device, stream, table_, 0, in.block_table);
 
     const auto logical_all = Tensor::of(logical_, DType::i32, {rows, K});
     const auto physical_all = Tensor::of(physical_, DType::i32, {rows, K});
@@ -49,7 +53,7 @@ class ConvertCase final : public BenchCase {
       counts_sets_.push_back(counts_all.rows(s * T, (s + 1) * T));
     }
     req_id_tensor_ = Tensor::of(req_id_, DType::i32, {T});
-    table_tensor_ = Tensor::of(table_, DType::i32, {in_.requests, TopkInputs::blocks_per_request});
+    table_tensor_ = Tensor::of(table_, DType::i32, {in.requests, TopkInputs::blocks_per_request});
   }
 
   void launch(Stream& stream, int set) override {
@@ -61,16 +65,18 @@ class ConvertCase final : public BenchCase {
   }
 
   std::string check(Device& device, Stream& stream) override {
-    const auto entries = static_cast<std::size_t>(in_.tokens) * K;
+    const auto entries = static_cast<std::size_t>(tokens_) * K;
     stream.fill(physical_, 0, 0xA5, entries * 4);
-    stream.fill(counts_, 0, 0xA5, static_cast<std::size_t>(in_.tokens) * 4);
+    stream.fill(counts_, 0, 0xA5, static_cast<std::size_t>(tokens_) * 4);
     launch(stream, 0);
-    return in_.compare(download_from<std::int32_t>(device, stream, physical_, 0, entries),
-                       download_from<std::int32_t>(device, stream, counts_, 0, static_cast<std::size_t>(in_.tokens)));
+    return in_->compare(download_from<std::int32_t>(device, stream, physical_, 0, entries),
+                        download_from<std::int32_t>(device, stream, counts_, 0, static_cast<std::size_t>(tokens_)));
   }
 
  private:
-  TopkInputs in_;
+  std::int64_t tokens_;
+  std::uint64_t seed_;
+  std::optional<TopkInputs> in_;  // drawn by setup()
   Buffer logical_, physical_, counts_, req_id_, table_;
   Tensor req_id_tensor_, table_tensor_;
   std::vector<Tensor> logical_sets_, physical_sets_, counts_sets_;

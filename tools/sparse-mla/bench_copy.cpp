@@ -74,11 +74,11 @@ void add_copy_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
 void add_floor_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
   // A plain device copy moving as many bytes as a latency-bound case (read
   // plus written, half each way; the case's own traffic(), less its last
-  // partial 4 KiB), timed the same
-  // way: launch, latency and transfer with no work in between, so a target
-  // below it asks for less time than copying the case's bytes takes on this
-  // device. Placed after the ceilings.
+  // partial 4 KiB), timed the same way: launch, latency and transfer with no
+  // work in between, so a target below it asks for less time than copying
+  // the case's bytes takes on this device. Placed after the ceilings.
   const char* const latency_bound[] = {"convert/T=1", "convert/T=256", "convert/T=1024", "upconvert/rows=2048"};
+  const std::uint64_t seed = config.seed;
   std::vector<CaseSpec> floors;
   for (const char* like : latency_bound) {
     const auto spec = std::find_if(cases.begin(), cases.end(), [&](const CaseSpec& c) { return c.name == like; });
@@ -88,7 +88,6 @@ void add_floor_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
     // 2 MiB (session 6): odd sizes measured something other than the bytes.
     // The cases' odd bytes are their counts (4 per token).
     const std::size_t bytes = spec->make()->traffic().total() / 2 / 4096 * 4096;
-    const std::uint64_t seed = config.seed;
     floors.push_back({std::string("floor/") + like, kib(bytes) + " each way, as " + like, Ceiling::device_copy, false,
                       [bytes, seed] { return std::make_unique<CopyCase>(bytes, MemoryKind::device, seed); }});
   }
