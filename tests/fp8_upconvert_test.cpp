@@ -288,10 +288,9 @@ TEST_P(Fp8UpconvertTest, RandomGathersMatchTheReference) {
 }
 
 // GPUs launch many pages (1024 page tasks or more) differently from few: a
-// team of 512 threads per page, several pages a team, and stores that
-// stream past the L2 when the output is over 256 MiB (240,000 rows of 1152
-// bytes). Block size 1 with starts off boundaries makes every request's
-// pages partial; the task count is not a multiple of the pages a team takes.
+// team of 512 threads per page, and stores that stream past the L2 when the
+// output is over 256 MiB (240,000 rows of 1152 bytes). Block size 1 with
+// starts off boundaries makes every request's pages partial.
 // The streaming shape runs on GPUs only: the host backend has no streaming
 // path, and its 430 MB of rows would cost CI minutes under the sanitizers.
 TEST_P(Fp8UpconvertTest, ManyPagesMatchTheReference) {
