@@ -1,6 +1,6 @@
 // The FP8 gather-upconvert (SPEC section 3) at DeepSeek-V3.2's shapes: 8
 // requests whose pages (block size 64, 656-byte fp8_ds_mla rows) are
-// scattered over the cache, 2048 and 524288 output rows of 576 bf16.
+// scattered over the cache, 2048, 131072 and 524288 output rows of 576 bf16.
 // Bytes: 656 read + 1152 written per row (block-table reads are extra).
 #include <algorithm>
 #include <cstring>
@@ -135,7 +135,11 @@ class UpconvertCase final : public BenchCase {
 }  // namespace
 
 void add_upconvert_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
-  for (const std::int64_t rows : {std::int64_t{2048}, config.quick ? std::int64_t{16384} : std::int64_t{524288}}) {
+  // 2048 rows: one team per 8 rows of a page; 131072 (151 MB out) and
+  // 524288 (604 MB out): teams of 32 rows, stored plainly and streaming.
+  std::vector<std::int64_t> row_counts = {2048, 16384};
+  if (!config.quick) row_counts = {2048, 131072, 524288};
+  for (const std::int64_t rows : row_counts) {
     const std::uint64_t seed = config.seed + 3 * static_cast<std::uint64_t>(rows);
     cases.push_back({"upconvert/rows=" + std::to_string(rows), "8 requests, " + std::to_string(rows) + " rows, bs 64",
                      Ceiling::device_copy, false, [rows, seed] { return std::make_unique<UpconvertCase>(rows, seed); }});
