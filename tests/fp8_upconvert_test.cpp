@@ -288,11 +288,11 @@ TEST_P(Fp8UpconvertTest, RandomGathersMatchTheReference) {
 }
 
 // GPUs launch many pages (1024 page tasks or more) differently from few: a
-// team of 320 threads per 32 rows of a page (a page of 48 rows is two
-// teams, of 32 and 16 rows), and stores that stream past the L2 when the
+// team of 160 threads per 16 rows of a page (a page of 40 rows is three
+// teams, of 16, 16 and 8 rows), and stores that stream past the L2 when the
 // output is over 256 MiB (240,000 rows of 1152 bytes). Block size 1 with
 // starts off boundaries makes every request's pages partial.
-// The 48-row and streaming shapes run on GPUs only: the host backend takes
+// The 40-row and streaming shapes run on GPUs only: the host backend takes
 // a team per page and has no streaming path, and their 108 and 434 MB of
 // rows and caches would cost CI minutes under the sanitizers.
 TEST_P(Fp8UpconvertTest, ManyPagesMatchTheReference) {
@@ -301,7 +301,7 @@ TEST_P(Fp8UpconvertTest, ManyPagesMatchTheReference) {
   std::vector<GatherShape> shapes = {GatherShape{{1000, 1, 1999}, 1, true, 0},
                                      GatherShape{many_requests(200), 1, false, 5}};
   if (GetParam() != "host") {
-    shapes.push_back(GatherShape{std::vector<std::int32_t>(12, 5000), 48, true, 0});
+    shapes.push_back(GatherShape{std::vector<std::int32_t>(12, 5000), 40, true, 0});
     shapes.push_back(GatherShape{std::vector<std::int32_t>(8, 30000), 64, true, 0});
   }
   for (const GatherShape& s : shapes) {

@@ -206,7 +206,7 @@ KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { retu
 // - few_pages (teams of 8 rows): a warp's request loads go out before the
 //   team works out its task, so that they are in flight during its
 //   division (2048 rows: 3.95 us against 4.06-4.08, three A/B rounds);
-// - many_pages (320-thread teams of 32 rows, 48 registers): the loads after it,
+// - many_pages (160-thread teams of 16 rows, 48 registers): the loads after it,
 //   as before (early there, 524288 rows moved 3788 GB/s against 3773-3786:
 //   within the spread between runs, so the shorter code stays);
 // - many_pages_streaming: as many_pages, outputs stored streaming.
@@ -512,22 +512,23 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
   // GPUs, measured on the H200 (8 requests, block size 64): with few pages a
   // team per 8 rows of a page (320 threads, one unit each) fills the device
   // (2048 rows: 7.7 us against 14.5 us for a team per page). With many pages
-  // a team of 320 threads per 32 rows of a page, four units a thread (two
-  // rounds of two; 524288 rows: 3844-3845 GB/s against 3777-3785 for a
-  // 512-thread team per page, as the reference launches it, in the same
-  // run; 3704-3742 for 640 threads per page, 3594 for 512 per half page).
+  // a team of 160 threads per 16 rows of a page, four units a thread (two
+  // full rounds of two; 524288 rows: 3877-3878 GB/s, against 3849-3856 for
+  // 320 threads per 32 rows and 3801-3803 for 512 threads per page, as the
+  // reference launches it, all in one run; 3537-3544 for 320 threads per 16
+  // rows, one round).
   // CPUs: a team (of one) per page. A page holds at most min(block_size,
   // total_rows) rows; where a launch's teams would not fit in an int, a page
   // takes a team.
   const std::int64_t page_rows = std::min<std::int64_t>(a.block_size, a.total_rows);
   auto fits = [&](std::int64_t rows) { return tasks * ((page_rows + rows - 1) / rows) <= 0x7FFFFFFF; };
   const std::int32_t small_task_rows = a.block_size < 8 ? a.block_size : 8;
-  constexpr std::int32_t large_task_rows = 32;
+  constexpr std::int32_t large_task_rows = 16;
   const bool few_pages = !is_host_space<Space> && tasks < 1024 && fits(small_task_rows);
   const bool split_pages = !is_host_space<Space> && !few_pages && a.block_size > large_task_rows && fits(large_task_rows);
   const std::int32_t rows_per_task = few_pages ? small_task_rows : split_pages ? large_task_rows : a.block_size;
   const std::int64_t chunks = (page_rows + rows_per_task - 1) / rows_per_task;
-  const int team = row_team_size<Space>(few_pages ? (rows_per_task * fp8::units_per_row + 31) / 32 * 32 : 320);
+  const int team = row_team_size<Space>(few_pages ? (rows_per_task * fp8::units_per_row + 31) / 32 * 32 : 160);
   const int teams = static_cast<int>(tasks * chunks);
   using Shape = UpconvertShape;
   auto launch = [&](const auto& policy, auto shape) {
@@ -551,12 +552,12 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
   } else if (few_pages) {
     launch(Kokkos::TeamPolicy<Space>(space, teams, team), std::integral_constant<Shape, Shape::few_pages>{});
   } else {
-    // Four 320-thread teams an SM at 48 registers, without spills (five
-    // leave 32 registers and spills: 3721-3728 GB/s at 524288 rows). Outputs
+    // Eight 160-thread teams an SM at 48 registers, without spills (ten
+    // leave 32 registers and spills: 3750-3751 GB/s at 524288 rows). Outputs
     // several times the size of a GPU's L2 (Hopper's is 50 MB) are stored
     // streaming: 524288 rows (604 MB) at 3809 GB/s against 3776, the same
     // run (with 512-thread teams).
-    const Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<320, 4>> policy(space, teams, team);
+    const Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<160, 8>> policy(space, teams, team);
     constexpr std::int64_t streaming_output_bytes = std::int64_t{256} << 20;
     if (std::int64_t{a.total_rows} * 2 * upconverted_row_width > streaming_output_bytes) {
       launch(policy, std::integral_constant<Shape, Shape::many_pages_streaming>{});

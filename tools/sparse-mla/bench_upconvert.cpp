@@ -136,7 +136,7 @@ class UpconvertCase final : public BenchCase {
 
 void add_upconvert_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
   // 2048 rows: one team per 8 rows of a page; 131072 (151 MB out) and
-  // 524288 (604 MB out): teams of 32 rows, stored plainly and streaming.
+  // 524288 (604 MB out): teams of 16 rows, stored plainly and streaming.
   std::vector<std::int64_t> row_counts = {2048, 16384};
   if (!config.quick) row_counts = {2048, 131072, 524288};
   for (const std::int64_t rows : row_counts) {
