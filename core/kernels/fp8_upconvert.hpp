@@ -1,8 +1,10 @@
 // FP8 gather-upconvert of fp8_ds_mla rows to bf16 (SPEC section 3).
 //
-// One team per page task, as the reference engine launches it: requests in
-// order, each split at block boundaries, ceil(T / block_size) + 2 * batch
-// tasks cover every page. A team works through its page in units, 40 a row:
+// Page tasks as the reference engine numbers them: requests in order, each
+// split at block boundaries, ceil(T / block_size) + 2 * batch tasks cover
+// every page. CPUs take a team per task; GPUs split a task's rows over
+// teams of 8 rows (few pages) or 16 rows (many pages), see
+// gather_upconvert_fp8. A team works through its rows in units, 40 a row:
 // 32 units of 16 fp8 values and 8 units of 16 RoPE bytes. Unit k < 32 holds
 // values 8k .. 8k + 7 and 256 + 8k .. 256 + 8k + 7 (two 8-byte loads, two
 // 16-byte stores of bf16), so that consecutive threads load consecutive
