@@ -517,7 +517,7 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
   // a team of 160 threads per 16 rows of a page, four units a thread (two
   // full rounds of two; 524288 rows: 3877-3878 GB/s, against 3849-3856 for
   // 320 threads per 32 rows and 3801-3803 for 512 threads per page, as the
-  // reference launches it, all in one run; 3537-3544 for 320 threads per 16
+  // reference launches it, all in one run; 3535-3544 for 320 threads per 16
   // rows, one round).
   // CPUs: a team (of one) per page. A page holds at most min(block_size,
   // total_rows) rows; where a launch's teams would not fit in an int, a page
