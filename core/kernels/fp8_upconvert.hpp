@@ -209,8 +209,9 @@ KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { retu
 //   team works out its task, so that they are in flight during its
 //   division (2048 rows: 3.95 us against 4.06-4.08, three A/B rounds);
 // - many_pages (160-thread teams of 16 rows, 48 registers): the loads after it,
-//   as before (early there, 524288 rows moved 3788 GB/s against 3773-3786:
-//   within the spread between runs, so the shorter code stays);
+//   as before (early there, with 512-thread teams, 524288 rows moved 3788
+//   GB/s against 3773-3786: within the spread between runs, so the shorter
+//   code stays);
 // - many_pages_streaming: as many_pages, outputs stored streaming.
 enum class UpconvertShape { few_pages, many_pages, many_pages_streaming };
 
@@ -525,9 +526,9 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
   const std::int64_t page_rows = std::min<std::int64_t>(a.block_size, a.total_rows);
   auto fits = [&](std::int64_t rows) { return tasks * ((page_rows + rows - 1) / rows) <= 0x7FFFFFFF; };
   const std::int32_t small_task_rows = a.block_size < 8 ? a.block_size : 8;
-  constexpr std::int32_t large_task_rows = 16;
+  const std::int32_t large_task_rows = a.block_size < 16 ? a.block_size : 16;
   const bool few_pages = !is_host_space<Space> && tasks < 1024 && fits(small_task_rows);
-  const bool split_pages = !is_host_space<Space> && !few_pages && a.block_size > large_task_rows && fits(large_task_rows);
+  const bool split_pages = !is_host_space<Space> && !few_pages && fits(large_task_rows);
   const std::int32_t rows_per_task = few_pages ? small_task_rows : split_pages ? large_task_rows : a.block_size;
   const std::int64_t chunks = (page_rows + rows_per_task - 1) / rows_per_task;
   const int team = row_team_size<Space>(few_pages ? (rows_per_task * fp8::units_per_row + 31) / 32 * 32 : 160);
