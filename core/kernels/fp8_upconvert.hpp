@@ -139,9 +139,27 @@ struct SPARSE_MLA_MAY_ALIAS Word {
 };
 
 // Loads of 1, 2 or 4 little-endian words: one vector access when aligned,
-// bytes otherwise.
-template <bool Vector, int Words>
+// bytes otherwise. A wide fetch asks the L2 to bring the whole 256-byte
+// block a load falls in from DRAM (CUDA's ld.global.L2::256B; elsewhere a
+// plain load): for rows read whole, whose neighbouring bytes other lanes of
+// the team load next (524288 rows: 3926-3928 GB/s against 3883-3901
+// without, the same H200 run).
+template <bool Vector, int Words, bool WideFetch = false>
 KOKKOS_INLINE_FUNCTION void load_words(const std::uint8_t* p, std::uint32_t* w) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (Vector && WideFetch) {
+    if constexpr (Words == 4) {
+      asm volatile("ld.global.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                   : "l"(p));
+    } else if constexpr (Words == 2) {
+      asm volatile("ld.global.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+    } else {
+      asm volatile("ld.global.L2::256B.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
+    }
+    return;
+  }
+#endif
   if constexpr (Vector && Words == 4) {
     const Int4 v = *reinterpret_cast<const Int4*>(p);
     w[0] = static_cast<std::uint32_t>(v.x);
@@ -163,18 +181,18 @@ KOKKOS_INLINE_FUNCTION void load_words(const std::uint8_t* p, std::uint32_t* w) 
   }
 }
 
-template <bool Vector>
+template <bool Vector, bool WideFetch>
 KOKKOS_INLINE_FUNCTION void load16(const std::uint8_t* p, std::uint32_t w[4]) {
-  load_words<Vector, 4>(p, w);
+  load_words<Vector, 4, WideFetch>(p, w);
 }
-template <bool Vector>
+template <bool Vector, bool WideFetch>
 KOKKOS_INLINE_FUNCTION void load8(const std::uint8_t* p, std::uint32_t w[2]) {
-  load_words<Vector, 2>(p, w);
+  load_words<Vector, 2, WideFetch>(p, w);
 }
-template <bool Vector>
+template <bool Vector, bool WideFetch>
 KOKKOS_INLINE_FUNCTION std::uint32_t load4(const std::uint8_t* p) {
   std::uint32_t w;
-  load_words<Vector, 1>(p, &w);
+  load_words<Vector, 1, WideFetch>(p, &w);
   return w;
 }
 
@@ -204,14 +222,15 @@ KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { retu
 }  // namespace fp8
 
 // The three GPU launches of the kernel (gather_upconvert_fp8 picks one; CPUs
-// take many_pages). They differ, measured on the H200 in one run each:
-// - few_pages (teams of 8 rows): a warp's request loads go out before the
-//   team works out its task, so that they are in flight during its
-//   division (2048 rows: 3.95 us against 4.06-4.08, three A/B rounds);
-// - many_pages (160-thread teams of 16 rows, 48 registers): the loads after it,
-//   as before (early there, with 512-thread teams, 524288 rows moved 3788
-//   GB/s against 3773-3786: within the spread between runs, so the shorter
-//   code stays);
+// take many_pages). In all of them a warp's request loads go out before the
+// team works out its task, so that they are in flight during its division
+// (2048 rows: 3.95 us against 4.06-4.08, three A/B rounds). They differ,
+// measured on the H200 in one run each:
+// - few_pages (teams of 8 rows): plain loads, an unsigned task division;
+// - many_pages (160-thread teams of 16 rows, 48 registers): wide fetches
+//   (see load_words) and a signed division (524288 rows: 3711-3718 GB/s with
+//   the unsigned one, 3783 with the signed one, in one run with 512-thread
+//   teams);
 // - many_pages_streaming: as many_pages, outputs stored streaming.
 enum class UpconvertShape { few_pages, many_pages, many_pages_streaming };
 
@@ -219,7 +238,7 @@ template <class Space, bool Vector, class Split, UpconvertShape Shape>
 struct Fp8Upconvert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   static constexpr bool streaming = Shape == UpconvertShape::many_pages_streaming;
-  static constexpr bool loads_first = Shape == UpconvertShape::few_pages;
+  static constexpr bool wide_fetch = Shape != UpconvertShape::few_pages;
   // Read first (a team's task), then the arguments in the order read.
   std::int32_t rows_per_task;     // rows of a page one team converts
   std::int32_t chunks_per_page;   // teams per page task (32-bit: a 64-bit division is ~100 instructions)
@@ -308,14 +327,14 @@ struct Fp8Upconvert {
   }
 
 #if defined(__CUDA_ARCH__)
-  // The lookup by one warp. With loads_first the kernel has issued its
-  // first round's loads before anything else (a task's page needs a
-  // division first, and the loads nothing); otherwise they are issued here.
+  // The lookup by one warp. The kernel has issued the first round's loads
+  // (requests 0-31) before anything else: a task's page needs a division
+  // first, and the loads nothing.
   KOKKOS_INLINE_FUNCTION bool page_of_warp(int lane, RequestLoads loads, std::int64_t task, Page& page) const {
     const std::int32_t last = a.batch - 1;
     for (std::int32_t r0 = 0; r0 <= last; r0 += 32) {
       const std::int32_t r = r0 + lane;
-      if (r0 > 0 || !loads_first) loads = request_loads(r);
+      if (r0 > 0) loads = request_loads(r);
       const std::int32_t at = r < last ? r : last;
       Request q = request(at, loads.start, loads.next, loads.source);
       // Page counts in 32 bits, each shuffle one instruction (64-bit ones
@@ -422,13 +441,13 @@ struct Fp8Upconvert {
 
   KOKKOS_INLINE_FUNCTION void load_unit(const std::uint8_t* src, int k, Loaded& l) const {
     if (k < fp8::nope_units) {
-      fp8::load8<Vector>(src + 8 * k, l.in);
-      fp8::load8<Vector>(src + fp8::half_values + 8 * k, l.in + 2);
+      fp8::load8<Vector, wide_fetch>(src + 8 * k, l.in);
+      fp8::load8<Vector, wide_fetch>(src + fp8::half_values + 8 * k, l.in + 2);
       const std::uint8_t* scales = src + fp8_scales_offset + 4 * (k / fp8::units_per_scale);
-      l.scale_bits[0] = fp8::load4<Vector>(scales);
-      l.scale_bits[1] = fp8::load4<Vector>(scales + 4 * (fp8::half_values / 128));
+      l.scale_bits[0] = fp8::load4<Vector, wide_fetch>(scales);
+      l.scale_bits[1] = fp8::load4<Vector, wide_fetch>(scales + 4 * (fp8::half_values / 128));
     } else {
-      fp8::load16<Vector>(src + fp8_rope_offset + 16 * (k - fp8::nope_units), l.in);
+      fp8::load16<Vector, wide_fetch>(src + fp8_rope_offset + 16 * (k - fp8::nope_units), l.in);
     }
   }
 
@@ -468,14 +487,12 @@ struct Fp8Upconvert {
     // Kokkos lays a team of vector length 1 out along threadIdx.y, and the
     // GPU teams of this kernel are whole warps: rank & 31 is the warp lane.
     const int warp_lane = team.team_rank() & 31;
-    RequestLoads loads{};
-    if constexpr (loads_first) loads = request_loads(warp_lane);
+    const RequestLoads loads = request_loads(warp_lane);
 #endif
     // Few pages: an unsigned division (the league rank and chunks_per_page
     // are positive), a few instructions shorter. Many pages: signed, which
-    // measured 2% faster there (524288 rows at 3711-3718 GB/s with the
-    // unsigned one, 3783 with the signed one in the same run).
-    using TaskIndex = std::conditional_t<loads_first, std::uint32_t, std::int32_t>;
+    // measured 2% faster there (see UpconvertShape).
+    using TaskIndex = std::conditional_t<Shape == UpconvertShape::few_pages, std::uint32_t, std::int32_t>;
     const auto task = static_cast<TaskIndex>(team.league_rank());
     const auto chunks = static_cast<TaskIndex>(chunks_per_page);
     Page page{};
