@@ -138,26 +138,40 @@ struct SPARSE_MLA_MAY_ALIAS Word {
   std::uint32_t value;
 };
 
+// How a row load fetches (CUDA only; elsewhere every load is plain):
+// - wide: the L2 brings the whole 256-byte block the load falls in from
+//   DRAM (ld.global.L2::256B), for rows read whole, whose neighbouring bytes
+//   other lanes of the team load next (524288 rows: 3926-3928 GB/s against
+//   3883-3901 with plain loads, the same H200 run);
+// - wide_streaming: as wide, and the line is not kept in the L1
+//   (L1::no_allocate), for outputs stored streaming (524288 rows:
+//   3924-3936 GB/s against 3902-3910 for wide, three rounds of one run; at
+//   131072 rows, plain stores, it lost 3%, so only streaming launches take it).
+enum class Fetch { plain, wide, wide_streaming };
+
+#if defined(__CUDA_ARCH__)
+#define SPARSE_MLA_FETCH(hint)                                                                                \
+  if constexpr (Words == 4) {                                                                                 \
+    asm volatile("ld.global" hint ".v4.u32 {%0, %1, %2, %3}, [%4];"                                           \
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])                                             \
+                 : "l"(p));                                                                                   \
+  } else if constexpr (Words == 2) {                                                                          \
+    asm volatile("ld.global" hint ".v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));               \
+  } else {                                                                                                    \
+    asm volatile("ld.global" hint ".u32 %0, [%1];" : "=r"(w[0]) : "l"(p));                                    \
+  }                                                                                                           \
+  return;
+#endif
+
 // Loads of 1, 2 or 4 little-endian words: one vector access when aligned,
-// bytes otherwise. A wide fetch asks the L2 to bring the whole 256-byte
-// block a load falls in from DRAM (CUDA's ld.global.L2::256B; elsewhere a
-// plain load): for rows read whole, whose neighbouring bytes other lanes of
-// the team load next (524288 rows: 3926-3928 GB/s against 3883-3901
-// without, the same H200 run).
-template <bool Vector, int Words, bool WideFetch = false>
+// bytes otherwise.
+template <bool Vector, int Words, Fetch How = Fetch::plain>
 KOKKOS_INLINE_FUNCTION void load_words(const std::uint8_t* p, std::uint32_t* w) {
 #if defined(__CUDA_ARCH__)
-  if constexpr (Vector && WideFetch) {
-    if constexpr (Words == 4) {
-      asm volatile("ld.global.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                   : "l"(p));
-    } else if constexpr (Words == 2) {
-      asm volatile("ld.global.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
-    } else {
-      asm volatile("ld.global.L2::256B.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
-    }
-    return;
+  if constexpr (Vector && How == Fetch::wide) {
+    SPARSE_MLA_FETCH(".L2::256B")
+  } else if constexpr (Vector && How == Fetch::wide_streaming) {
+    SPARSE_MLA_FETCH(".L1::no_allocate.L2::256B")
   }
 #endif
   if constexpr (Vector && Words == 4) {
@@ -181,18 +195,20 @@ KOKKOS_INLINE_FUNCTION void load_words(const std::uint8_t* p, std::uint32_t* w) 
   }
 }
 
-template <bool Vector, bool WideFetch>
+#undef SPARSE_MLA_FETCH
+
+template <bool Vector, Fetch How>
 KOKKOS_INLINE_FUNCTION void load16(const std::uint8_t* p, std::uint32_t w[4]) {
-  load_words<Vector, 4, WideFetch>(p, w);
+  load_words<Vector, 4, How>(p, w);
 }
-template <bool Vector, bool WideFetch>
+template <bool Vector, Fetch How>
 KOKKOS_INLINE_FUNCTION void load8(const std::uint8_t* p, std::uint32_t w[2]) {
-  load_words<Vector, 2, WideFetch>(p, w);
+  load_words<Vector, 2, How>(p, w);
 }
-template <bool Vector, bool WideFetch>
+template <bool Vector, Fetch How>
 KOKKOS_INLINE_FUNCTION std::uint32_t load4(const std::uint8_t* p) {
   std::uint32_t w;
-  load_words<Vector, 1, WideFetch>(p, &w);
+  load_words<Vector, 1, How>(p, &w);
   return w;
 }
 
@@ -228,17 +244,20 @@ KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { retu
 // measured on the H200 in one run each:
 // - few_pages (teams of 8 rows): plain loads, an unsigned task division;
 // - many_pages (160-thread teams of 16 rows, 48 registers): wide fetches
-//   (see load_words) and a signed division (524288 rows: 3711-3718 GB/s with
+//   (see Fetch) and a signed division (524288 rows: 3711-3718 GB/s with
 //   the unsigned one, 3783 with the signed one, in one run with 512-thread
 //   teams);
-// - many_pages_streaming: as many_pages, outputs stored streaming.
+// - many_pages_streaming: as many_pages, outputs stored streaming and rows
+//   fetched without keeping them in the L1.
 enum class UpconvertShape { few_pages, many_pages, many_pages_streaming };
 
 template <class Space, bool Vector, class Split, UpconvertShape Shape>
 struct Fp8Upconvert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   static constexpr bool streaming = Shape == UpconvertShape::many_pages_streaming;
-  static constexpr bool wide_fetch = Shape != UpconvertShape::few_pages;
+  static constexpr fp8::Fetch fetch = Shape == UpconvertShape::few_pages ? fp8::Fetch::plain
+                                      : streaming                       ? fp8::Fetch::wide_streaming
+                                                                        : fp8::Fetch::wide;
   // Read first (a team's task), then the arguments in the order read.
   std::int32_t rows_per_task;     // rows of a page one team converts
   std::int32_t chunks_per_page;   // teams per page task (32-bit: a 64-bit division is ~100 instructions)
@@ -441,13 +460,13 @@ struct Fp8Upconvert {
 
   KOKKOS_INLINE_FUNCTION void load_unit(const std::uint8_t* src, int k, Loaded& l) const {
     if (k < fp8::nope_units) {
-      fp8::load8<Vector, wide_fetch>(src + 8 * k, l.in);
-      fp8::load8<Vector, wide_fetch>(src + fp8::half_values + 8 * k, l.in + 2);
+      fp8::load8<Vector, fetch>(src + 8 * k, l.in);
+      fp8::load8<Vector, fetch>(src + fp8::half_values + 8 * k, l.in + 2);
       const std::uint8_t* scales = src + fp8_scales_offset + 4 * (k / fp8::units_per_scale);
-      l.scale_bits[0] = fp8::load4<Vector, wide_fetch>(scales);
-      l.scale_bits[1] = fp8::load4<Vector, wide_fetch>(scales + 4 * (fp8::half_values / 128));
+      l.scale_bits[0] = fp8::load4<Vector, fetch>(scales);
+      l.scale_bits[1] = fp8::load4<Vector, fetch>(scales + 4 * (fp8::half_values / 128));
     } else {
-      fp8::load16<Vector, wide_fetch>(src + fp8_rope_offset + 16 * (k - fp8::nope_units), l.in);
+      fp8::load16<Vector, fetch>(src + fp8_rope_offset + 16 * (k - fp8::nope_units), l.in);
     }
   }
 
