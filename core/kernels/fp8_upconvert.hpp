@@ -145,8 +145,9 @@ struct SPARSE_MLA_MAY_ALIAS Word {
 //   3883-3901 with plain loads, the same H200 run);
 // - wide_streaming: as wide, and the line is not kept in the L1
 //   (L1::no_allocate), for outputs stored streaming (524288 rows:
-//   3924-3936 GB/s against 3902-3910 for wide, three rounds of one run; at
-//   131072 rows, plain stores, it lost 3%, so only streaming launches take it).
+//   3959-3966 GB/s against 3929-3932 for wide, three alternating rounds of
+//   one H200 run). Launches with plain stores keep wide: with the hint
+//   there, 131072 rows lost 3%.
 enum class Fetch { plain, wide, wide_streaming };
 
 #if defined(__CUDA_ARCH__)
