@@ -160,8 +160,7 @@ enum class Fetch { plain, wide, wide_streaming };
     asm volatile("ld.global" hint ".v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));               \
   } else {                                                                                                    \
     asm volatile("ld.global" hint ".u32 %0, [%1];" : "=r"(w[0]) : "l"(p));                                    \
-  }                                                                                                           \
-  return;
+  }
 #endif
 
 // Loads of 1, 2 or 4 little-endian words: one vector access when aligned,
@@ -171,8 +170,10 @@ KOKKOS_INLINE_FUNCTION void load_words(const std::uint8_t* p, std::uint32_t* w) 
 #if defined(__CUDA_ARCH__)
   if constexpr (Vector && How == Fetch::wide) {
     SPARSE_MLA_FETCH(".L2::256B")
+    return;
   } else if constexpr (Vector && How == Fetch::wide_streaming) {
     SPARSE_MLA_FETCH(".L1::no_allocate.L2::256B")
+    return;
   }
 #endif
   if constexpr (Vector && Words == 4) {
