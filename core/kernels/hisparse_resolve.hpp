@@ -6,9 +6,10 @@
 // position packs what the passes know about a key (hisparse::empty_word and
 // below): its first top-k entry, then the hot slot that holds it or, for a
 // key that misses, its miss number. With the host row of each entry, each
-// entry's hash position, the new LRU order, one hit bit per slot and the
-// per-warp team sums, a production row (K = 2048, H = 4096, hot blocks of 64)
-// needs 38,400 bytes of scratch (and 16 to align the set): it fits
+// entry's hash position, the new LRU order, one hit bit per slot, one miss
+// bit per entry and the per-warp team sums, a production row (K = 2048,
+// H = 4096, hot blocks of 64) needs 39,424 bytes of scratch (and 16 to align
+// the set): it fits
 // the 40,936 bytes of level-0 (shared memory) scratch that a Kokkos 4.6 CUDA
 // team can have, so every probe and atomic stays on the chip. Larger shapes
 // run the same code from level-1 (global) scratch.
@@ -158,6 +159,7 @@ struct ResolveScratch {
   std::uint16_t* position;   // [K]: hash position of entry j (entries that need a slot)
   std::int16_t* lru;         // [H]: the new LRU order (pass 4); pass 3 copies the old one here
   std::uint8_t* hit_flags;   // [ceil(H / 4)]: bit s % S of byte s / S is set when slot s is a hit (S slots a group)
+  std::uint8_t* miss_flags;  // [ceil(K / 2)]: pass 4, bit u of byte i: entry E i + u gives its key a miss number
 
   // Hot block table entries cached per row: all of the row's, or 0.
   KOKKOS_INLINE_FUNCTION static std::int32_t cached_hot_blocks(std::int32_t hot_slots, std::int32_t hot_block_size) {
@@ -167,8 +169,7 @@ struct ResolveScratch {
   KOKKOS_INLINE_FUNCTION static std::size_t bytes(std::int32_t top_k, std::int32_t hot_slots, std::int32_t cached) {
     const std::size_t k = static_cast<std::size_t>(top_k), h = static_cast<std::size_t>(hot_slots);
     return 4 * (static_cast<std::size_t>(set_positions(top_k)) + k + static_cast<std::size_t>(team_total_words + cached)) +
-           2 * (k + h) +
-           (h + slots_per_group - 1) / slots_per_group;
+           2 * (k + h) + (h + slots_per_group - 1) / slots_per_group + (k + entries_per_group - 1) / entries_per_group;
   }
   KOKKOS_INLINE_FUNCTION static ResolveScratch carve(void* base, std::int32_t top_k, std::int32_t hot_slots,
                                                      std::int32_t cached) {
@@ -180,6 +181,7 @@ struct ResolveScratch {
     s.position = reinterpret_cast<std::uint16_t*>(s.hot_blocks + cached);
     s.lru = reinterpret_cast<std::int16_t*>(s.position + top_k);
     s.hit_flags = reinterpret_cast<std::uint8_t*>(s.lru + hot_slots);
+    s.miss_flags = s.hit_flags + groups(hot_slots, slots_per_group);
     return s;
   }
 };
@@ -585,8 +587,15 @@ struct HiSparseResolve {
     std::uint32_t count;   // hits in the low half, misses in the high
   };
 
+  // Before the prefix sum (`placed` false) a group's misses come from the
+  // set's words and are kept in miss_flags; after it they are read back
+  // from there, because place_order_group() then writes the words of missing
+  // keys, which other threads' groups point at too (a duplicate entry, or
+  // position 0 for an entry that needs no slot). The answers would not
+  // change, but reading a word while another thread writes it is a data
+  // race (compute-sanitizer's racecheck reported it on the H200).
   KOKKOS_INLINE_FUNCTION OrderGroup load_order_group(const hisparse::ResolveScratch& s, const std::int16_t* lru,
-                                                     std::int32_t i) const {
+                                                     std::int32_t i, bool placed) const {
     const std::int32_t H = a.hot_slots, K = a.top_k;
     OrderGroup o{};
     if (i < slot_groups()) {
@@ -601,13 +610,18 @@ struct HiSparseResolve {
     if (i < entry_groups()) {
       const std::int32_t first = i * E;
       for (int u = 0; u < E; ++u) o.h[u] = first + u < K ? s.position[first + u] : 0;
-      for (int u = 0; u < E; ++u) {
-        // The key's first entry, no slot and no miss number yet (a word is
-        // never an entry index that does not need a slot).
-        const bool miss = first + u < K && s.words[o.h[u]] == static_cast<std::uint32_t>(first + u);
-        o.miss |= miss ? 1u << u : 0u;
-        o.count += miss ? high_count : 0u;
+      if (placed) {
+        o.miss = s.miss_flags[i];
+      } else {
+        for (int u = 0; u < E; ++u) {
+          // The key's first entry, no slot and no miss number yet (a word is
+          // never an entry index that does not need a slot).
+          const bool miss = first + u < K && s.words[o.h[u]] == static_cast<std::uint32_t>(first + u);
+          o.miss |= miss ? 1u << u : 0u;
+        }
+        s.miss_flags[i] = static_cast<std::uint8_t>(o.miss);
       }
+      for (int u = 0; u < E; ++u) o.count += ((o.miss >> u) & 1u) != 0 ? high_count : 0u;
     }
     return o;
   }
@@ -659,11 +673,11 @@ struct HiSparseResolve {
     // the rest from scratch) rather than kept in registers across it: that
     // keeps the kernel within 64 registers.
     std::uint32_t count = 0;
-    for (std::int32_t i = begin; i < end; ++i) count += load_order_group(s, lru, i).count;
+    for (std::int32_t i = begin; i < end; ++i) count += load_order_group(s, lru, i, false).count;
     std::uint32_t total = 0;
     std::uint32_t before = team_prefix(team, s.totals + hisparse::team_total_words / 2, count, total);
     for (std::int32_t i = begin; i < end; ++i) {
-      const OrderGroup o = load_order_group(s, lru, i);
+      const OrderGroup o = load_order_group(s, lru, i, true);
       place_order_group(s, o, i, before, hits, misses);
       before += o.count;
     }
@@ -784,7 +798,7 @@ void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
   const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(a.hot_slots, a.hot_block_size);
   // + 16: room to align the set for its 16-byte bucket loads.
   const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached) + 16;
-  // Production rows (K = 2048, H = 4096: 38,416 bytes) fit level-0 (shared
+  // Production rows (K = 2048, H = 4096: 39,440 bytes) fit level-0 (shared
   // memory) scratch; larger shapes take level-1 (global) scratch.
   const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
   policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(hisparse::team_threads));
