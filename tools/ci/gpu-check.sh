@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the `cuda` preset against an installed CUDA-enabled Kokkos and
 # checks the build on the GPU: every test, the golden files, the synthetic
-# schedules (plain and HiSparse), then the benchmark and the copy floors. Logs go to OUT_DIR.
+# schedules (plain and HiSparse), the tests under compute-sanitizer, then the
+# benchmark and the copy floors. Logs go to OUT_DIR.
 #   bash tools/ci/gpu-check.sh KOKKOS_PREFIX OUT_DIR [bench options...]
 # Environment: DEPS_PREFIX (more CMake prefixes, ';'-separated: GoogleTest,
 # CLI11, nlohmann-json where the machine lacks them), WERROR (ON by default).
@@ -37,6 +38,24 @@ grep -E "tests passed|Failed|Skipped" "$out/ctest.log" | tail -n 15
 run golden "$cli" validate --backend cuda --golden tests/data/golden/*.safetensors
 run synthetic "$cli" validate --backend cuda --synthetic --layers 61 --index-every 4 --requests 16 --topk 256 --block-size 64 --steps 12 --json
 run synthetic-hisparse "$cli" validate --backend cuda --synthetic --hisparse --layers 8 --index-every 4 --requests 8 --topk 128 --hot-slots 256 --block-size 64 --context 4096 --steps 40 --json
+# compute-sanitizer, where the toolkit has it: memcheck over every CUDA
+# test (API errors are not reported: some tests provoke them on purpose, an
+# impossible allocation, elapsed time on events that never ran), racecheck
+# and synccheck over the kernel tests. Any hazard fails the check.
+if command -v compute-sanitizer >/dev/null; then
+  for t in build/cuda/bin/*_test; do
+    run "memcheck-$(basename "$t")" compute-sanitizer --tool memcheck --leak-check no --report-api-errors no \
+      --error-exitcode 9 "$t" --gtest_filter='*/cuda' --gtest_brief=1
+  done
+  for t in topk_convert_test fp8_upconvert_test hisparse_resolve_test hisparse_rows_test; do
+    for tool in racecheck synccheck; do
+      run "$tool-$t" compute-sanitizer --tool $tool --error-exitcode 9 "build/cuda/bin/$t" --gtest_filter='*/cuda' --gtest_brief=1
+    done
+  done
+  grep -h "SUMMARY" "$out"/memcheck-*.log "$out"/racecheck-*.log "$out"/synccheck-*.log | sort | uniq -c
+else
+  echo "compute-sanitizer: not found, sanitizer stages skipped"
+fi
 # One bench process per group of cases, each bounded in time, so that one
 # slow case cannot cost the others their numbers.
 for cases in ceiling floor convert upconvert group-step resolve swap-in pinned-gather miss-gather; do
