@@ -159,7 +159,7 @@ struct ResolveScratch {
   std::uint16_t* position;   // [K]: hash position of entry j (entries that need a slot)
   std::int16_t* lru;         // [H]: the new LRU order (pass 4); pass 3 copies the old one here
   std::uint8_t* hit_flags;   // [ceil(H / 4)]: bit s % S of byte s / S is set when slot s is a hit (S slots a group)
-  std::uint8_t* miss_flags;  // [ceil(K / 2)]: pass 4, bit u of byte i: entry E i + u gives its key a miss number
+  std::uint8_t* miss_flags;  // [ceil(K / 2)]: pass 4, bit u of byte i: entry E * i + u gives its key a miss number
 
   // Hot block table entries cached per row: all of the row's, or 0.
   KOKKOS_INLINE_FUNCTION static std::int32_t cached_hot_blocks(std::int32_t hot_slots, std::int32_t hot_block_size) {
