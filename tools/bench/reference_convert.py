@@ -11,6 +11,17 @@ which this script provides).
 
     python3 tools/bench/reference_convert.py path/to/sparse_utils.py
     python3 tools/bench/reference_convert.py path/to/sparse_utils.py --tokens 256 --rotate-mib 1
+    python3 tools/bench/reference_convert.py path/to/sparse_utils.py \
+        --ours build/cuda/lib/libsparse-mla-convert-ctypes.so --rounds 2
+
+With --ours (the library's kernel as a shared library, tools/bench/
+convert_ctypes.cpp), the library's conversion is timed the same way in the
+same process, case by case beside the reference, its outputs allocated the
+same way; each round times every case once, and the figures of all rounds
+are printed. Two launch floors come with it: an empty Triton kernel of 8
+warps and an empty kernel of 256 threads registered by the CUDA runtime
+(as the library's kernels are). This is the comparison to quote: the same
+kernel measures slower a launch from here than in `sparse-mla bench`.
 
 Method, as in docs/bench.md: the inputs of each case are those of
 `convert/T=...` (K = 2048, block size 64, token t of request t % min(T, 128),
@@ -73,6 +84,45 @@ def expected(req_id, table, logical):
     return physical, (physical != -1).sum(dim=1).to(torch.int32)
 
 
+@triton.jit
+def _empty_kernel(unused_ptr):
+    pass
+
+
+def load_ours(path):
+    """The library's conversion from libsparse-mla-convert-ctypes.so."""
+    import ctypes
+
+    lib = ctypes.CDLL(path)
+    i32p, i64, i32, vp = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
+    lib.sparse_mla_ctypes_convert.argtypes = [vp, i32p, i32p, i64, i32, i32p, i32p, i32p, i64, i32, i32]
+    lib.sparse_mla_ctypes_empty.argtypes = [vp, ctypes.c_int]
+    if lib.sparse_mla_ctypes_init() != 0:
+        raise RuntimeError(f"{path}: Kokkos did not initialise")
+
+    def convert(req_id, table, logical, BLOCK_SIZE, NUM_TOPK_TOKENS, return_valid_counts):
+        out = torch.empty_like(logical)
+        counts = torch.empty(logical.shape[0], dtype=torch.int32, device=logical.device)
+        status = lib.sparse_mla_ctypes_convert(
+            torch.cuda.current_stream().cuda_stream, req_id.data_ptr(), table.data_ptr(), table.stride(0),
+            table.shape[1], logical.data_ptr(), out.data_ptr(), counts.data_ptr(), logical.shape[0],
+            NUM_TOPK_TOKENS, BLOCK_SIZE)
+        if status != 0:
+            raise RuntimeError(f"sparse_mla_ctypes_convert returned {status}")
+        return out, counts
+
+    def empty(_):
+        status = lib.sparse_mla_ctypes_empty(torch.cuda.current_stream().cuda_stream, 256)
+        if status != 0:
+            raise RuntimeError(f"sparse_mla_ctypes_empty returned {status}")
+
+    return lib, convert, empty
+
+
+def triton_empty(x):
+    _empty_kernel[(1,)](x, num_warps=8)
+
+
 def time_graph(graph, stream, launches, warmup, repeat):
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(warmup):
@@ -102,69 +152,114 @@ def ceiling(rotate_bytes, warmup, repeat):
     return 2 * rotate_bytes / (median * 1e3)
 
 
-def run_case(convert, tokens, args, generator):
+def make_case(tokens, args, generator):
+    """Inputs, their expected outputs, and the rotation of one case."""
     req_id, table, logical = make_inputs(tokens, generator)
     set_bytes = tokens * (2 * K * 4 + 4)
     sets = min(-(-args.rotate_mib * 2**20 // set_bytes), MAX_SETS)
     sets = max(sets, 1)
     launches = sets * -(-args.min_launches // sets)
     inputs = [logical] + [logical.clone() for _ in range(sets - 1)]
+    want = expected(req_id, table, logical)
+    torch.cuda.synchronize()
+    return types.SimpleNamespace(tokens=tokens, req_id=req_id, table=table, inputs=inputs, want=want, sets=sets,
+                                 launches=launches)
+
+
+def time_launches(launch, case, args):
+    """Median and minimum per launch of launch(s), s = 0, 1, ..., captured into one graph."""
+    stream = torch.cuda.Stream()
+    keep = []
+    with torch.cuda.stream(stream):
+        for i in range(case.launches):  # one direct pass: nothing lazy is captured
+            keep.append(launch(i % case.sets))
+        stream.synchronize()
+        keep.clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(case.launches):
+                keep.append(launch(i % case.sets))
+        median, low = time_graph(graph, stream, case.launches, args.warmup, args.repeat)
+    del graph, keep
+    torch.cuda.empty_cache()
+    return median, low
+
+
+def run_case(name, convert, case, args):
+    tokens = case.tokens
 
     def launch(s):
-        return convert(req_id, table, inputs[s], BLOCK_SIZE=BLOCK_SIZE, NUM_TOPK_TOKENS=K, return_valid_counts=True)
+        return convert(case.req_id, case.table, case.inputs[s], BLOCK_SIZE=BLOCK_SIZE, NUM_TOPK_TOKENS=K,
+                       return_valid_counts=True)
 
     # Checked before timed: every element and count against the model. The
     # function allocates its outputs; blocks of their sizes are poisoned and
     # freed first, so that the caching allocator hands it poisoned memory and
     # an element it leaves unwritten shows.
-    poison = [torch.full_like(logical, -0x5A5A5A5B), torch.full((tokens,), -0x5A5A5A5B, dtype=torch.int32, device="cuda")]
+    poison = [torch.full_like(case.inputs[0], -0x5A5A5A5B),
+              torch.full((tokens,), -0x5A5A5A5B, dtype=torch.int32, device="cuda")]
     del poison
-    physical, counts = launch(0)
-    want_physical, want_counts = expected(req_id, table, logical)
+    with torch.cuda.stream(torch.cuda.Stream()):  # a stream of its own, as the timed launches have
+        physical, counts = launch(0)
     torch.cuda.synchronize()
+    want_physical, want_counts = case.want
     if not torch.equal(physical, want_physical) or not torch.equal(counts, want_counts):
         bad = (physical != want_physical).nonzero()
-        return f"T={tokens}: FAILED ({bad.shape[0]} entries differ; counts equal: {torch.equal(counts, want_counts)})"
-
-    stream = torch.cuda.Stream()
-    keep = []
-    with torch.cuda.stream(stream):
-        for i in range(launches):  # one direct pass: nothing lazy is captured
-            keep.append(launch(i % sets))
-        stream.synchronize()
-        keep.clear()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for i in range(launches):
-                keep.append(launch(i % sets))
-        median, low = time_graph(graph, stream, launches, args.warmup, args.repeat)
+        return f"{name}/convert/T={tokens}: FAILED ({bad.shape[0]} entries differ; counts equal: {torch.equal(counts, want_counts)})"
+    del physical, counts
+    median, low = time_launches(launch, case, args)
     gbs = (8.0 * tokens * K + 4.0 * tokens) / (median * 1e3)
-    del graph, keep, inputs
-    torch.cuda.empty_cache()
-    return f"reference/convert/T={tokens:<6} sets {sets:6d}  median {median:9.2f} us  min {low:9.2f} us  {gbs:8.1f} GB/s  ok"
+    return f"{name + '/convert/T=' + str(tokens):<28} sets {case.sets:6d}  median {median:9.3f} us  min {low:9.3f} us  {gbs:8.1f} GB/s  ok"
+
+
+def run_floor(name, empty, args):
+    """Per-launch time of an empty kernel, over as many launches as the T=1 case."""
+    case = types.SimpleNamespace(sets=1, launches=max(args.min_launches, args.rotate_mib * 2**20 // (2 * K * 4 + 4)))
+    x = torch.empty(1, dtype=torch.int32, device="cuda")
+    median, low = time_launches(lambda s: empty(x), case, args)
+    return f"{'launch/' + name:<28} launches {case.launches:5d}  median {median:9.3f} us  min {low:9.3f} us"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sparse_utils", help="vLLM's vllm/v1/attention/backends/mla/sparse_utils.py")
+    parser.add_argument("--ours", help="libsparse-mla-convert-ctypes.so: time the library's kernel beside it")
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 256, 1024, 32768])
     parser.add_argument("--rotate-mib", type=int, default=200)
     parser.add_argument("--min-launches", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=1, help="times each case is timed, rounds interleaved")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
 
-    convert = load_reference(args.sparse_utils)
+    kernels = [("reference", load_reference(args.sparse_utils))]
+    floors = []
+    ours = None
+    if args.ours:
+        ours, convert, empty = load_ours(args.ours)
+        kernels.append(("sparse-mla", convert))
+        floors = [("empty-triton-8-warps", triton_empty), ("empty-cuda-runtime-256", empty)]
     generator = torch.Generator().manual_seed(args.seed)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}")
     gbs = ceiling(args.rotate_mib * 2**20, args.warmup, args.repeat)
     print(f"ceiling/device-copy {args.rotate_mib} MiB: {gbs:.1f} GB/s (read + written)")
     status = 0
-    for tokens in args.tokens:
-        line = run_case(convert, tokens, args, generator)
-        status |= "FAILED" in line
-        print(line, flush=True)
+    cases = [make_case(tokens, args, generator) for tokens in args.tokens]
+    for round_ in range(args.rounds):
+        if args.rounds > 1:
+            print(f"round {round_ + 1}")
+        for name, empty in floors:
+            print(run_floor(name, empty, args), flush=True)
+        for case in cases:
+            for name, convert in kernels:
+                line = run_case(name, convert, case, args)
+                status |= "FAILED" in line
+                print(line, flush=True)
+    del cases
+    if ours is not None:
+        torch.cuda.synchronize()
+        ours.sparse_mla_ctypes_finalize()
     return status
 
 

@@ -5,7 +5,11 @@
 # benchmark and the copy floors. Logs go to OUT_DIR.
 #   bash tools/ci/gpu-check.sh KOKKOS_PREFIX OUT_DIR [bench options...]
 # Environment: DEPS_PREFIX (more CMake prefixes, ';'-separated: GoogleTest,
-# CLI11, nlohmann-json where the machine lacks them), WERROR (ON by default).
+# CLI11, nlohmann-json where the machine lacks them), WERROR (ON by default),
+# REFERENCE_SPARSE_UTILS (vLLM's sparse_utils.py: also time the reference
+# engine's conversion beside ours in one Python process, with
+# REFERENCE_PYTHON, python3 by default, which needs torch and Triton; the
+# Kokkos must then be built with position-independent code).
 # Used for the H200 runs recorded in docs/PERFORMANCE.md.
 set -uo pipefail
 kokkos=${1:?Kokkos prefix}
@@ -68,5 +72,13 @@ done
 if [ -x build/cuda/bin/sparse-mla-floors ]; then
   run floors build/cuda/bin/sparse-mla-floors
   cat "$out/floors.log"
+fi
+# The reference engine's Triton conversion and ours, timed in one process by
+# one method (tools/bench/reference_convert.py --ours).
+if [ -n "${REFERENCE_SPARSE_UTILS:-}" ]; then
+  run ctypes-build cmake --build --preset cuda --target sparse-mla-convert-ctypes
+  run reference timeout "${REFERENCE_TIMEOUT:-600}" "${REFERENCE_PYTHON:-python3}" tools/bench/reference_convert.py \
+    "$REFERENCE_SPARSE_UTILS" --ours build/cuda/lib/libsparse-mla-convert-ctypes.so --rounds 2
+  cat "$out/reference.log"
 fi
 exit $status
