@@ -194,12 +194,14 @@ def run_case(name, convert, case, args):
 
     # Checked before timed: every element and count against the model. The
     # function allocates its outputs; blocks of their sizes are poisoned and
-    # freed first, so that the caching allocator hands it poisoned memory and
-    # an element it leaves unwritten shows.
-    poison = [torch.full_like(case.inputs[0], -0x5A5A5A5B),
-              torch.full((tokens,), -0x5A5A5A5B, dtype=torch.int32, device="cuda")]
-    del poison
-    with torch.cuda.stream(torch.cuda.Stream()):  # a stream of its own, as the timed launches have
+    # freed first, on the same stream (the caching allocator reuses a block
+    # on the stream that freed it), so that it is handed poisoned memory and
+    # an element it leaves unwritten shows. A stream of its own, as the timed
+    # launches have (the library binds its Kokkos instance per stream).
+    with torch.cuda.stream(torch.cuda.Stream()):
+        poison = [torch.full_like(case.inputs[0], -0x5A5A5A5B),
+                  torch.full((tokens,), -0x5A5A5A5B, dtype=torch.int32, device="cuda")]
+        del poison
         physical, counts = launch(0)
     torch.cuda.synchronize()
     want_physical, want_counts = case.want
