@@ -87,6 +87,55 @@ __global__ void __launch_bounds__(THREADS)
     if (threadIdx.x == 0) counts[t] = sum;
   }
 }
+// The reference engine's Triton kernel (vLLM's
+// _convert_req_index_to_global_index_kernel at K = 2048 with counts) written
+// in CUDA, for K = 2048 at 256 threads x 2 units only: one straight-line
+// block, the valid count taken from the indices alone and warp-summed while
+// the table loads are in flight, the table loads predicated, 32-bit row
+// arithmetic. Loaded from a cubin and timed beside Triton in one process
+// (session 11, docs/PERFORMANCE.md) it matched Triton at T = 1 and 256 and
+// beat it by 7-8% at T = 1024, where raw 256 x 2 above, loaded the same way,
+// is 0.33 us slower at T = 1. The library's kernel lacks this structure
+// (0.15-0.2 us at T = 1) besides a leaner launch (Kokkos' wrapper and the
+// runtime's registration, 0.3-0.4 us). Not timed in this program yet.
+__global__ void __launch_bounds__(256)
+    triton_like_convert(const int* __restrict__ req_id, const int* __restrict__ table, const int4* __restrict__ in,
+                        int4* __restrict__ out, int* __restrict__ counts, int units) {
+  const int t = static_cast<int>(blockIdx.x);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int req = req_id[t];
+  const int4 a = in[t * units + tid];
+  const int4 b = in[t * units + tid + 256];
+  const int* row = table + req * blocks_per_request;
+  const int v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  bool ok[8];
+  int valid = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    ok[i] = static_cast<unsigned>(v[i]) < static_cast<unsigned>(blocks_per_request * block_size);
+    valid += ok[i];
+  }
+  __shared__ int partial[8];
+  const int warp_valid = __reduce_add_sync(0xffffffffu, valid);
+  if ((tid & 31) == 0) partial[tid >> 5] = warp_valid;
+  int start[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    start[i] = 0;
+    if (ok[i]) start[i] = row[v[i] >> 6];
+  }
+  int r[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) r[i] = ok[i] ? start[i] * block_size + (v[i] & (block_size - 1)) : -1;
+  out[t * units + tid] = make_int4(r[0], r[1], r[2], r[3]);
+  out[t * units + tid + 256] = make_int4(r[4], r[5], r[6], r[7]);
+  __syncthreads();
+  if (tid < 32) {
+    const int sum = __reduce_add_sync(0xffffffffu, tid < 8 ? partial[tid] : 0);
+    if (tid == 0) counts[t] = sum;
+  }
+}
+
 // The library's kernel at a team shape of our choosing (threads x N units
 // in flight), for choosing the shapes convert_split() launches.
 namespace shapes {
@@ -226,6 +275,7 @@ int main(int argc, char** argv) {
           {"raw 512 x 1 unit", raw(raw_convert<512, 1>, 512), true, true},
           {"raw 256 x 2 units", raw(raw_convert<256, 2>, 256), true, true},
           {"raw 128 x 4 units", raw(raw_convert<128, 4>, 128), true, true},
+          {"triton-like 256 x 2 units", raw(triton_like_convert, 256), true, true},
           {"kokkos empty team kernel",
            [&](int) {
              Kokkos::TeamPolicy<Space> policy(space, T, 16, 32);
