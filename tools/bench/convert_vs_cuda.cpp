@@ -7,10 +7,12 @@
 //   CVC_T=256 CVC_V="kokkos 256" build/cuda/bin/sparse-mla-convert-vs-cuda   # one T, matching kernels
 //
 // It also runs the library's kernel at other team shapes (threads x units
-// in flight), which is how convert_split() chose its shapes. Its rotation
-// is short (32 sets at T <= 256, about 256 KiB), so small-T inputs stay in
-// the L2: `sparse-mla bench`, which rotates over 200 MiB, gives the figures
-// in docs/PERFORMANCE.md (T = 1: 2.11 us there against 1.90 here).
+// in flight), which is how convert_split() chose its shapes, and the
+// reference engine's Triton kernel written in CUDA, with switches that undo
+// its differences from ours one at a time. Its rotation is short (32 sets
+// at T <= 256, about 256 KiB), so small-T inputs stay in the L2:
+// `sparse-mla bench`, which rotates over 200 MiB, gives the figures in
+// docs/PERFORMANCE.md (T = 1: 2.11 us there against 1.90 here).
 //
 // Built only in CUDA builds (a Kokkos with CUDA); not part of the library.
 // Every kernel's output is checked against a scalar loop before it is timed.
@@ -87,6 +89,7 @@ __global__ void __launch_bounds__(THREADS)
     if (threadIdx.x == 0) counts[t] = sum;
   }
 }
+
 // The reference engine's Triton kernel (vLLM's
 // _convert_req_index_to_global_index_kernel at K = 2048 with counts) written
 // in CUDA, for K = 2048 at 256 threads x 2 units only: one straight-line
@@ -98,37 +101,69 @@ __global__ void __launch_bounds__(THREADS)
 // is 0.33 us slower at T = 1. The library's kernel lacks this structure
 // (0.15-0.2 us at T = 1) besides a leaner launch (Kokkos' wrapper and the
 // runtime's registration, 0.3-0.4 us). Not timed in this program yet.
+//
+// Three switches undo one difference each from the library's kernel, to find
+// which of them cost (all true is the kernel as measured):
+//   CountFirst: the count from the indices, warp-summed before the table
+//     loads are used (else from the outputs after the stores, as the library);
+//   Predicated: a table load only for a valid entry (else entry 0 for an
+//     invalid one, branch-free, as the library);
+//   FixedShape: page size, valid range and row stride compile-time constants
+//     (else kernel arguments and 64-bit row offsets, as the library).
+struct RuntimeShape {
+  int shift;
+  unsigned limit;
+  long long row_stride;
+  int stride_rows;
+};
+
+template <bool CountFirst, bool Predicated, bool FixedShape>
 __global__ void __launch_bounds__(256)
     triton_like_convert(const int* __restrict__ req_id, const int* __restrict__ table, const int4* __restrict__ in,
-                        int4* __restrict__ out, int* __restrict__ counts, int units) {
+                        int4* __restrict__ out, int* __restrict__ counts, int units, RuntimeShape shape) {
   const int t = static_cast<int>(blockIdx.x);
   const int tid = static_cast<int>(threadIdx.x);
   const int req = req_id[t];
   const int4 a = in[t * units + tid];
   const int4 b = in[t * units + tid + 256];
-  const int* row = table + req * blocks_per_request;
+  const int* row = FixedShape ? table + req * blocks_per_request : table + req * shape.row_stride;
+  const unsigned limit = FixedShape ? static_cast<unsigned>(blocks_per_request * block_size) : shape.limit;
+  const int shift = FixedShape ? 6 : shape.shift;
+  const int stride_rows = FixedShape ? block_size : shape.stride_rows;
   const int v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
   bool ok[8];
-  int valid = 0;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    ok[i] = static_cast<unsigned>(v[i]) < static_cast<unsigned>(blocks_per_request * block_size);
-    valid += ok[i];
-  }
+  for (int i = 0; i < 8; ++i) ok[i] = static_cast<unsigned>(v[i]) < limit;
   __shared__ int partial[8];
-  const int warp_valid = __reduce_add_sync(0xffffffffu, valid);
-  if ((tid & 31) == 0) partial[tid >> 5] = warp_valid;
+  if (CountFirst) {
+    int valid = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) valid += ok[i];
+    const int warp_valid = __reduce_add_sync(0xffffffffu, valid);
+    if ((tid & 31) == 0) partial[tid >> 5] = warp_valid;
+  }
   int start[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    start[i] = 0;
-    if (ok[i]) start[i] = row[v[i] >> 6];
+    if (Predicated) {
+      start[i] = 0;
+      if (ok[i]) start[i] = row[v[i] >> shift];
+    } else {
+      start[i] = row[(v[i] >> shift) & -static_cast<int>(ok[i])];
+    }
   }
   int r[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) r[i] = ok[i] ? start[i] * block_size + (v[i] & (block_size - 1)) : -1;
+  for (int i = 0; i < 8; ++i) r[i] = ok[i] ? start[i] * stride_rows + (v[i] & ((1 << shift) - 1)) : -1;
   out[t * units + tid] = make_int4(r[0], r[1], r[2], r[3]);
   out[t * units + tid + 256] = make_int4(r[4], r[5], r[6], r[7]);
+  if (!CountFirst) {
+    int valid = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) valid += r[i] != -1;
+    const int warp_valid = __reduce_add_sync(0xffffffffu, valid);
+    if ((tid & 31) == 0) partial[tid >> 5] = warp_valid;
+  }
   __syncthreads();
   if (tid < 32) {
     const int sum = __reduce_add_sync(0xffffffffu, tid < 8 ? partial[tid] : 0);
@@ -258,6 +293,14 @@ int main(int argc, char** argv) {
                                              reinterpret_cast<int4*>(in.out(s)), in.counts(s), units);
         };
       };
+      // K = 2048 at 256 threads only (units == 512).
+      auto tri = [&](auto kernel) {
+        return [&, kernel](int s) {
+          const RuntimeShape shape{6, static_cast<unsigned>(blocks_per_request * block_size), blocks_per_request, block_size};
+          kernel<<<T, 256, 0, stream>>>(in.d_req, in.d_table, reinterpret_cast<const int4*>(in.in(s)),
+                                        reinterpret_cast<int4*>(in.out(s)), in.counts(s), units, shape);
+        };
+      };
       struct Variant {
         std::string name;
         std::function<void(int)> launch;
@@ -275,7 +318,11 @@ int main(int argc, char** argv) {
           {"raw 512 x 1 unit", raw(raw_convert<512, 1>, 512), true, true},
           {"raw 256 x 2 units", raw(raw_convert<256, 2>, 256), true, true},
           {"raw 128 x 4 units", raw(raw_convert<128, 4>, 128), true, true},
-          {"triton-like 256 x 2 units", raw(triton_like_convert, 256), true, true},
+          {"triton-like 256 x 2 units", tri(triton_like_convert<true, true, true>), true, true},
+          {"triton-like, count after stores", tri(triton_like_convert<false, true, true>), true, true},
+          {"triton-like, unpredicated loads", tri(triton_like_convert<true, false, true>), true, true},
+          {"triton-like, runtime shape", tri(triton_like_convert<true, true, false>), true, true},
+          {"triton-like, none of the three", tri(triton_like_convert<false, false, false>), true, true},
           {"kokkos empty team kernel",
            [&](int) {
              Kokkos::TeamPolicy<Space> policy(space, T, 16, 32);
