@@ -21,7 +21,8 @@ same way; each round times every case once, and the figures of all rounds
 are printed. Two launch floors come with it: an empty Triton kernel of 8
 warps and an empty kernel of 256 threads registered by the CUDA runtime
 (as the library's kernels are). This is the comparison to quote: the same
-kernel measures slower a launch from here than in `sparse-mla bench`.
+kernel measures 0.3-0.4 us a launch slower here than in `sparse-mla bench`
+(docs/PERFORMANCE.md).
 
 Method, as in docs/bench.md: the inputs of each case are those of
 `convert/T=...` (K = 2048, block size 64, token t of request t % min(T, 128),
