@@ -4,7 +4,7 @@
 // process by one method: the same CUDA graphs, the same inputs, outputs from
 // the same allocator. Comparing two programs' figures (ours from
 // `sparse-mla bench`, the reference's from Python) had flattered us: the
-// same kernel launched from Python measures 0.35-0.45 us a launch slower
+// same kernel launched from Python measures 0.33-0.41 us a launch slower
 // than in `sparse-mla bench` (docs/PERFORMANCE.md, session 11).
 //
 // The kernel is launched as the library launches it (kernels::convert_topk
@@ -67,11 +67,7 @@ int sparse_mla_ctypes_convert(void* stream, const std::int32_t* req_id, const st
   if (found == instances().end()) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(native, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return -1;
-#if KOKKOS_VERSION >= 40200
     found = instances().emplace(native, Space(native, Kokkos::Impl::ManageStream::no)).first;
-#else
-    found = instances().emplace(native, Space(native)).first;
-#endif
   }
   sparse_mla::TopkConvertArgs a{};
   a.req_id = req_id;

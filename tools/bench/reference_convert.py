@@ -153,13 +153,17 @@ def ceiling(rotate_bytes, warmup, repeat):
     return 2 * rotate_bytes / (median * 1e3)
 
 
+def rotation(tokens, args):
+    """Copies of a case's inputs and outputs ("sets") that exceed --rotate-mib, and the launches of one graph."""
+    set_bytes = tokens * (2 * K * 4 + 4)
+    sets = max(min(-(-args.rotate_mib * 2**20 // set_bytes), MAX_SETS), 1)
+    return sets, sets * -(-args.min_launches // sets)
+
+
 def make_case(tokens, args, generator):
     """Inputs, their expected outputs, and the rotation of one case."""
     req_id, table, logical = make_inputs(tokens, generator)
-    set_bytes = tokens * (2 * K * 4 + 4)
-    sets = min(-(-args.rotate_mib * 2**20 // set_bytes), MAX_SETS)
-    sets = max(sets, 1)
-    launches = sets * -(-args.min_launches // sets)
+    sets, launches = rotation(tokens, args)
     inputs = [logical] + [logical.clone() for _ in range(sets - 1)]
     want = expected(req_id, table, logical)
     torch.cuda.synchronize()
@@ -217,7 +221,7 @@ def run_case(name, convert, case, args):
 
 def run_floor(name, empty, args):
     """Per-launch time of an empty kernel, over as many launches as the T=1 case."""
-    case = types.SimpleNamespace(sets=1, launches=max(args.min_launches, args.rotate_mib * 2**20 // (2 * K * 4 + 4)))
+    case = types.SimpleNamespace(sets=1, launches=rotation(1, args)[1])
     x = torch.empty(1, dtype=torch.int32, device="cuda")
     median, low = time_launches(lambda s: empty(x), case, args)
     return f"{'launch/' + name:<28} launches {case.launches:5d}  median {median:9.3f} us  min {low:9.3f} us"
@@ -252,11 +256,11 @@ def main():
     for round_ in range(args.rounds):
         if args.rounds > 1:
             print(f"round {round_ + 1}")
-        for name, empty in floors:
-            print(run_floor(name, empty, args), flush=True)
+        for name, launch_empty in floors:
+            print(run_floor(name, launch_empty, args), flush=True)
         for case in cases:
-            for name, convert in kernels:
-                line = run_case(name, convert, case, args)
+            for name, launch_convert in kernels:
+                line = run_case(name, launch_convert, case, args)
                 status |= "FAILED" in line
                 print(line, flush=True)
     del cases
