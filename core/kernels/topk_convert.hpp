@@ -108,30 +108,33 @@ KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, Int4& v) {
   return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
 }
 
-// The sum of `value` over the team's threads, returned to thread 0, in two
-// calls: begin_team_sum() before the work (on GPUs without warp reductions
-// it zeroes a shared counter, with a barrier, best placed while loads are in
-// flight), team_sum() after it. `partial` is team scratch for
-// team_sum_ints(threads) ints.
+// The sum of `value` over the team's `threads` threads, returned to thread
+// 0, in two calls: begin_team_sum() before the work (on GPUs without warp
+// reductions it zeroes a shared counter, with a barrier, best placed while
+// loads are in flight), team_sum() after it. `partial` is team scratch for
+// team_sum_ints(threads) ints. `threads` is the team's size, a constant in
+// kernels that know it.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define SPARSE_MLA_WARP_REDUCE 1
 #else
 #define SPARSE_MLA_WARP_REDUCE 0
 #endif
 template <class Member>
-KOKKOS_INLINE_FUNCTION void begin_team_sum(const Member& team, std::int32_t* partial) {
+KOKKOS_INLINE_FUNCTION void begin_team_sum(const Member& team, std::int32_t threads, std::int32_t* partial) {
 #if SPARSE_MLA_WARP_REDUCE
   (void)team;
+  (void)threads;
   (void)partial;
 #else
-  if (team.team_size() == 1) return;
+  if (threads == 1) return;
   if (team.team_rank() == 0) *partial = 0;
   team.team_barrier();
 #endif
 }
 template <class Member>
-KOKKOS_INLINE_FUNCTION std::int32_t team_sum(const Member& team, std::int32_t value, std::int32_t* partial) {
-  if (team.team_size() == 1) return value;
+KOKKOS_INLINE_FUNCTION std::int32_t team_sum(const Member& team, std::int32_t threads, std::int32_t value,
+                                             std::int32_t* partial) {
+  if (threads == 1) return value;
 #if SPARSE_MLA_WARP_REDUCE
   // Team ranks are consecutive thread ids (vector length 1), the team is
   // whole warps: a warp reduction, one value per warp through scratch, and
@@ -141,8 +144,7 @@ KOKKOS_INLINE_FUNCTION std::int32_t team_sum(const Member& team, std::int32_t va
   if ((rank & 31) == 0) partial[rank >> 5] = warp_value;
   team.team_barrier();
   if (rank >= 32) return 0;
-  const std::int32_t warps = team.team_size() >> 5;
-  return __reduce_add_sync(0xffffffffu, rank < warps ? partial[rank] : 0);
+  return __reduce_add_sync(0xffffffffu, rank < (threads >> 5) ? partial[rank] : 0);
 #else
   // Any backend: shared-memory atomics on a counter zeroed by thread 0.
   Kokkos::atomic_add(partial, value);
@@ -211,7 +213,7 @@ struct Convert {
     load(in, v, rank, threads, units);
     const std::int32_t req = p.req_id[t];
     const std::int32_t workspace = Workspace ? p.workspace_request[t] : -1;
-    if (p.valid_counts != nullptr) begin_team_sum(team, partial);
+    if (p.valid_counts != nullptr) begin_team_sum(team, threads, partial);
 
     Unit* out = reinterpret_cast<Unit*>(p.physical + t * p.physical_stride);
     std::int32_t valid = 0;
@@ -222,7 +224,101 @@ struct Convert {
       valid = convert_row(m, in, out, v, rank, threads, units);
     }
     if (p.valid_counts == nullptr) return;
-    const std::int32_t sum = team_sum(team, valid, partial);
+    const std::int32_t sum = team_sum(team, threads, valid, partial);
+    if (rank == 0) p.valid_counts[t] = sum;
+  }
+};
+
+// Row offsets as one 32 x 32 -> 64-bit multiply (strides that fit in 32
+// bits), not the four instructions of a 64 x 64 one.
+KOKKOS_INLINE_FUNCTION std::uint64_t wide_mul(std::uint32_t a, std::uint32_t b) { return std::uint64_t{a} * b; }
+
+// The whole-rounds kernel's parameters: Params with 32-bit strides, and the
+// rounds a row takes in place of K.
+template <class Split>
+struct RoundParams {
+  const std::int32_t* logical;
+  const std::int32_t* req_id;
+  const std::int32_t* block_table;
+  std::uint32_t logical_stride;
+  std::uint32_t block_table_stride;
+  std::uint32_t limit;
+  Split split;
+  std::int32_t block_stride_rows;
+  std::int32_t rounds;
+  std::int32_t* physical;
+  std::uint32_t physical_stride;
+  std::int32_t* valid_counts;  // or nullptr
+};
+
+// Scratch for the partial sums of a team of Threads: static shared memory on
+// GPUs, at a constant address, where Kokkos' team scratch pointer took
+// arithmetic on launch parameters before the first load. Host spaces run
+// teams of one, which sum nothing.
+template <int Threads>
+KOKKOS_INLINE_FUNCTION std::int32_t* round_partials() {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  if constexpr (Threads > 1) {
+    __shared__ std::int32_t partials[team_sum_ints(Threads)];
+    return partials;
+  }
+#endif
+  return nullptr;
+}
+
+// Rows of whole rounds: each thread of a team of Threads converts
+// UnitsInFlight 16-byte units a round, every round full, strides below 2^32,
+// no prefill workspace: production decode at a few tokens (K = 2048 is one
+// round of 256 threads x 2 units), and host spaces. It has the layout of the
+// reference engine's Triton kernel, which is compiled for its K: what
+// Convert decides at run time is a constant here (docs/PERFORMANCE.md has
+// what each part was worth on the H200):
+// - a thread's units sit at fixed offsets and need no bounds checks;
+// - row offsets are single 32 x 32 -> 64-bit multiplies;
+// - the team sum's partials are at a constant address (round_partials()).
+template <class Space, class Split, int Threads, int UnitsInFlight>
+struct ConvertRounds {
+  using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
+  RoundParams<Split> p;
+
+  KOKKOS_INLINE_FUNCTION static std::int32_t convert_round(const TableMap<Split>& m, Int4 (&v)[UnitsInFlight], Int4* out) {
+    std::int32_t valid = 0;
+    for (int u = 0; u < UnitsInFlight; ++u) valid += map_unit(m, v[u]);
+    for (int u = 0; u < UnitsInFlight; ++u) out[u * Threads] = v[u];
+    return valid;
+  }
+
+  KOKKOS_INLINE_FUNCTION static void load(const Int4* in, Int4 (&v)[UnitsInFlight]) {
+    for (int u = 0; u < UnitsInFlight; ++u) v[u] = in[u * Threads];
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
+    const auto t = static_cast<std::uint32_t>(team.league_rank());
+    const std::int32_t rank = team.team_rank();
+    // The first round's indices and the request id go out together.
+    const Int4* in = reinterpret_cast<const Int4*>(p.logical + wide_mul(t, p.logical_stride)) + rank;
+    Int4 v[UnitsInFlight];
+    load(in, v);
+    const std::int32_t req = p.req_id[t];
+    std::int32_t* partial = round_partials<Threads>();
+    if (p.valid_counts != nullptr) begin_team_sum(team, Threads, partial);
+
+    // req_id names a row of the table (SPEC), so it is not negative.
+    const TableMap<Split> m{p.block_table + wide_mul(static_cast<std::uint32_t>(req), p.block_table_stride), p.limit,
+                            p.split, p.block_stride_rows};
+    Int4* out = reinterpret_cast<Int4*>(p.physical + wide_mul(t, p.physical_stride)) + rank;
+    std::int32_t valid = convert_round(m, v, out);
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)  // device passes only: g++ warns on the pragma
+#pragma unroll 1
+#endif
+    for (std::int32_t r = 1; r < p.rounds; ++r) {  // the stores may alias the inputs: the next loads follow them
+      in += UnitsInFlight * Threads;
+      out += UnitsInFlight * Threads;
+      load(in, v);
+      valid += convert_round(m, v, out);
+    }
+    if (p.valid_counts == nullptr) return;
+    const std::int32_t sum = team_sum(team, Threads, valid, partial);
     if (rank == 0) p.valid_counts[t] = sum;
   }
 };
@@ -236,6 +332,35 @@ void launch(const Space& space, const Params<Split>& p, std::int64_t rows, int t
   } else {
     Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, false>{p});
   }
+}
+
+// Launches the whole-rounds kernel and returns true when `p`'s rows are
+// whole rounds of Threads x UnitsInFlight units (`units` a row) and its
+// strides fit in 32 bits; else launches nothing and returns false.
+template <class Space, int Threads, int UnitsInFlight, class Split>
+bool launch_rounds(const Space& space, const Params<Split>& p, std::int64_t rows, std::int64_t units) {
+  constexpr std::int64_t per_round = std::int64_t{Threads} * UnitsInFlight;
+  const auto fits = [](std::int64_t stride) { return stride >= 0 && stride <= std::int64_t{0xFFFFFFFF}; };
+  if (p.workspace_request != nullptr || units % per_round != 0 || !fits(p.logical_stride) ||
+      !fits(p.physical_stride) || !fits(p.block_table_stride)) {
+    return false;
+  }
+  const RoundParams<Split> r{p.logical,
+                             p.req_id,
+                             p.block_table,
+                             static_cast<std::uint32_t>(p.logical_stride),
+                             static_cast<std::uint32_t>(p.block_table_stride),
+                             p.limit,
+                             p.split,
+                             p.block_stride_rows,
+                             static_cast<std::int32_t>(units / per_round),
+                             p.physical,
+                             static_cast<std::uint32_t>(p.physical_stride),
+                             p.valid_counts};
+  static_assert(Threads == 1 || !is_host_space<Space>, "host spaces run teams of one (round_partials)");
+  Kokkos::parallel_for("sparse_mla::convert_topk_rounds", Kokkos::TeamPolicy<Space>(space, static_cast<int>(rows), Threads),
+                       ConvertRounds<Space, Split, Threads, UnitsInFlight>{r});
+  return true;
 }
 
 // The kernel's parameters for `a`. A table without blocks has nothing valid
@@ -266,8 +391,10 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
   const Params<Split> p = params_of(a, split);
   const bool vector4 = a.num_topk % 4 == 0 && aligned16(a.logical) && aligned16(a.physical) &&
                        a.logical_stride % 4 == 0 && a.physical_stride % 4 == 0;
+  const std::int64_t units = vector4 ? a.num_topk / 4 : a.num_topk;
   if constexpr (is_host_space<Space>) {
     if (vector4) {
+      if (launch_rounds<Space, 1, 4>(space, p, a.num_tokens, units)) return;
       launch<Space, Int4, 4>(space, p, a.num_tokens, 1);
     } else {
       launch<Space, std::int32_t, 4>(space, p, a.num_tokens, 1);
@@ -280,7 +407,13 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
     // more loads each (T = 1024: 128 x 4, 6.2 us against 6.6 for 256 x 2;
     // T = 32768: 128 x 2, 130 us against 133 for 128 x 4). Small rows shrink
     // the team to the warps their units fill (at least one: K >= 1).
-    const std::int64_t units = vector4 ? a.num_topk / 4 : a.num_topk;
+    //
+    // Rows of whole rounds take ConvertRounds where it measured faster: a
+    // few tokens (one process beside the reference, T = 1: 2.31 us against
+    // 2.49; T = 256: 3.37 against 3.51-3.56). At T = 1024 it measured slower
+    // (128 x 4: 7.5 us against 6.8-7.0, the compiler put the third and
+    // fourth index loads behind the first table loads; 128 x 2: 7.05), and
+    // at T = 32768 the same (130 us).
     auto threads_for = [&](int base, int in_flight) {
       const std::int64_t needed = (units + in_flight - 1) / in_flight;
       return static_cast<int>(needed >= base ? base : (needed + 31) / 32 * 32);
@@ -288,6 +421,7 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
     if (!vector4) {
       launch<Space, std::int32_t, 4>(space, p, a.num_tokens, threads_for(128, 4));
     } else if (a.num_tokens < 512) {
+      if (launch_rounds<Space, 256, 2>(space, p, a.num_tokens, units)) return;
       launch<Space, Int4, 2>(space, p, a.num_tokens, threads_for(256, 2));
     } else if (a.num_tokens < 8192) {
       launch<Space, Int4, 4>(space, p, a.num_tokens, threads_for(128, 4));
