@@ -132,7 +132,7 @@ const Shape shapes[] = {
     {9, 100, 4, 20, 64, 64, false},      // K = 100: vectors of 4, 25 per row
     {11, 3, 2, 5, 64, 64, false},        // K = 3
     {5, 256, 2, 300, 1, 1, false},       // block size 1 (c5, the ROCm layout)
-    {6, 2048, 3, 40, 64, 64, false},     // production K: one whole round of a GPU team (256 x 2 units)
+    {6, 2048, 3, 40, 64, 64, false},     // production K: one whole round of a GPU team (512 x 1 unit)
     {3, 4096, 2, 70, 64, 64, false},     // two whole rounds
     {17, 128, 4, 10, 64, 192, false},    // stride larger than block size (interleaved layers)
     {13, 64, 3, 7, 1, 5, false},         // block size 1, stride 5

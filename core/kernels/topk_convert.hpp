@@ -82,6 +82,13 @@ struct TableMap {
   // ends: (uint32)p < limit <=> p >= 0 and p / block_size < blocks.
   KOKKOS_INLINE_FUNCTION std::int32_t inside(std::int32_t p) const { return static_cast<std::uint32_t>(p) < limit; }
   KOKKOS_INLINE_FUNCTION std::int32_t start(std::int32_t p) const { return row[split.block(p) & -inside(p)]; }
+  // The same as start(), the load issued only for a position inside the
+  // table (a predicated load; the compiler keeps fewer addresses live).
+  KOKKOS_INLINE_FUNCTION std::int32_t start_inside(std::int32_t p) const {
+    std::int32_t s = 0;
+    if (inside(p)) s = row[split.block(p)];
+    return s;
+  }
   KOKKOS_INLINE_FUNCTION std::int32_t finish(std::int32_t p, std::int32_t start) const {
     return wrap_mad(start, stride_rows, split.offset(p)) | (inside(p) - 1);
   }
@@ -269,21 +276,33 @@ KOKKOS_INLINE_FUNCTION std::int32_t* round_partials() {
 // Rows of whole rounds: each thread of a team of Threads converts
 // UnitsInFlight 16-byte units a round, every round full, strides below 2^32,
 // no prefill workspace: production decode at a few tokens (K = 2048 is one
-// round of 256 threads x 2 units), and host spaces. It has the layout of the
+// round of 512 threads x 1 unit), and host spaces. It has the layout of the
 // reference engine's Triton kernel, which is compiled for its K: what
 // Convert decides at run time is a constant here (docs/PERFORMANCE.md has
 // what each part was worth on the H200):
 // - a thread's units sit at fixed offsets and need no bounds checks;
 // - row offsets are single 32 x 32 -> 64-bit multiplies;
-// - the team sum's partials are at a constant address (round_partials()).
+// - the team sum's partials are at a constant address (round_partials());
+// - a table load is issued only for a position inside the table (map()).
 template <class Space, class Split, int Threads, int UnitsInFlight>
 struct ConvertRounds {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   RoundParams<Split> p;
 
+  // A unit's four table loads are predicated (start_inside()): with them
+  // this kernel has 32 registers at 512 x 1 and 256 x 2 (40 and 48 with
+  // Convert's branch-free loads of entry 0) and measured 0.05 us faster at
+  // T = 1; Convert measured slower with them (H200, docs/PERFORMANCE.md).
+  KOKKOS_INLINE_FUNCTION static std::int32_t map(const TableMap<Split>& m, Int4& v) {
+    const std::int32_t s0 = m.start_inside(v.x), s1 = m.start_inside(v.y), s2 = m.start_inside(v.z),
+                       s3 = m.start_inside(v.w);
+    v = Int4{m.finish(v.x, s0), m.finish(v.y, s1), m.finish(v.z, s2), m.finish(v.w, s3)};
+    return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
+  }
+
   KOKKOS_INLINE_FUNCTION static std::int32_t convert_round(const TableMap<Split>& m, Int4 (&v)[UnitsInFlight], Int4* out) {
     std::int32_t valid = 0;
-    for (int u = 0; u < UnitsInFlight; ++u) valid += map_unit(m, v[u]);
+    for (int u = 0; u < UnitsInFlight; ++u) valid += map(m, v[u]);
     for (int u = 0; u < UnitsInFlight; ++u) out[u * Threads] = v[u];
     return valid;
   }
@@ -409,11 +428,14 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
     // the team to the warps their units fill (at least one: K >= 1).
     //
     // Rows of whole rounds take ConvertRounds where it measured faster: a
-    // few tokens (one process beside the reference, T = 1: 2.31 us against
-    // 2.49; T = 256: 3.37 against 3.51-3.56). At T = 1024 it measured slower
-    // (128 x 4: 7.5 us against 6.8-7.0, the compiler put the third and
-    // fourth index loads behind the first table loads; 128 x 2: 7.05), and
-    // at T = 32768 the same (130 us).
+    // few tokens, at 512 threads x 1 unit (one process beside the reference,
+    // T = 1: 2.24 us against Convert's 2.49 at 256 x 2; T = 256: 3.30
+    // against 3.51-3.56). With more tokens Convert stays: at T = 1024 every
+    // shape of ConvertRounds measured slower (6.9-7.5 us against 6.75-6.95;
+    // at 128 x 4 the compiler put the third and fourth index loads behind
+    // the first table loads), at T = 32768 too (132 us against 130); at
+    // T = 4096 256 x 1 was 3% faster (19.2 us against 19.8), a single
+    // point not taken.
     auto threads_for = [&](int base, int in_flight) {
       const std::int64_t needed = (units + in_flight - 1) / in_flight;
       return static_cast<int>(needed >= base ? base : (needed + 31) / 32 * 32);
@@ -421,7 +443,7 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
     if (!vector4) {
       launch<Space, std::int32_t, 4>(space, p, a.num_tokens, threads_for(128, 4));
     } else if (a.num_tokens < 512) {
-      if (launch_rounds<Space, 256, 2>(space, p, a.num_tokens, units)) return;
+      if (launch_rounds<Space, 512, 1>(space, p, a.num_tokens, units)) return;
       launch<Space, Int4, 2>(space, p, a.num_tokens, threads_for(256, 2));
     } else if (a.num_tokens < 8192) {
       launch<Space, Int4, 4>(space, p, a.num_tokens, threads_for(128, 4));
