@@ -100,10 +100,13 @@ __global__ void __launch_bounds__(THREADS)
 // beat it by 7-8% at T = 1024, where raw 256 x 2 above, loaded the same way,
 // is 0.33 us slower at T = 1. The library's kernel lacks this structure
 // (0.15-0.2 us at T = 1) besides a leaner launch (Kokkos' wrapper and the
-// runtime's registration, 0.3-0.4 us). Not timed in this program yet.
+// runtime's registration, 0.3-0.4 us). Timed in this program in session 12
+// (docs/PERFORMANCE.md): 1.47 / 2.70 / 5.62 us at T = 1 / 256 / 1024 here.
 //
 // Three switches undo one difference each from the library's kernel, to find
-// which of them cost (all true is the kernel as measured):
+// which of them cost (all true is the kernel as measured; session 12: 0.02,
+// 0.01 and 0.07 us at T = 1, 0.05, 0.19 and 0.20 at T = 1024, all three
+// 0.09 and 0.79):
 //   CountFirst: the count from the indices, warp-summed before the table
 //     loads are used (else from the outputs after the stores, as the library);
 //   Predicated: a table load only for a valid entry (else entry 0 for an
