@@ -134,6 +134,7 @@ const Shape shapes[] = {
     {5, 256, 2, 300, 1, 1, false},       // block size 1 (c5, the ROCm layout)
     {6, 2048, 3, 40, 64, 64, false},     // production K: one whole round of a GPU team (512 x 1 unit)
     {3, 4096, 2, 70, 64, 64, false},     // two whole rounds
+    {5, 2048, 3, 50, 48, 48, false},     // whole rounds, block size not a power of two
     {17, 128, 4, 10, 64, 192, false},    // stride larger than block size (interleaved layers)
     {13, 64, 3, 7, 1, 5, false},         // block size 1, stride 5
     {12, 2048, 4, 40, 64, 64, true},     // prefill workspace

@@ -433,9 +433,10 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
     // against 3.51-3.56). With more tokens Convert stays: at T = 1024 every
     // shape of ConvertRounds measured slower (6.9-7.5 us against 6.75-6.95;
     // at 128 x 4 the compiler put the third and fourth index loads behind
-    // the first table loads), at T = 32768 too (132 us against 130); at
-    // T = 4096 256 x 1 was 3% faster (19.2 us against 19.8), a single
-    // point not taken.
+    // the first table loads), at T = 32768 too (132 us against 130). At
+    // T = 2048 and 4096 256 x 1 was 3% faster (11.2 us against 11.6,
+    // 19.2-19.5 against 19.8-20.0), not taken yet: no CUDA test run has
+    // covered that launch.
     auto threads_for = [&](int base, int in_flight) {
       const std::int64_t needed = (units + in_flight - 1) / in_flight;
       return static_cast<int>(needed >= base ? base : (needed + 31) / 32 * 32);
