@@ -18,6 +18,11 @@
 //   reductions where CUDA has them;
 // - the kernel parameters that the first loads need come first, so that
 //   they share the first lines of the constant cache.
+//
+// Two kernels: Convert takes any row; ConvertRounds takes rows that fill
+// whole rounds of its team (production decode at K = 2048), with the team's
+// shape fixed at compile time. convert_split() picks between them by what
+// measured faster.
 #pragma once
 
 #include <Kokkos_Core.hpp>
