@@ -113,9 +113,20 @@ KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, std::int32_t& v) {
   v = m.finish(v, m.start(v));
   return v != -1;
 }
-template <class Map>
+// A position's table entry, loaded branch-free (start()) or only for a
+// position inside the table (Predicated: TableMap::start_inside()).
+template <bool Predicated, class Map>
+KOKKOS_INLINE_FUNCTION std::int32_t start_of(const Map& m, std::int32_t p) {
+  if constexpr (Predicated) {
+    return m.start_inside(p);
+  } else {
+    return m.start(p);
+  }
+}
+template <bool Predicated = false, class Map>
 KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, Int4& v) {
-  const std::int32_t s0 = m.start(v.x), s1 = m.start(v.y), s2 = m.start(v.z), s3 = m.start(v.w);
+  const std::int32_t s0 = start_of<Predicated>(m, v.x), s1 = start_of<Predicated>(m, v.y),
+                     s2 = start_of<Predicated>(m, v.z), s3 = start_of<Predicated>(m, v.w);
   v = Int4{m.finish(v.x, s0), m.finish(v.y, s1), m.finish(v.z, s2), m.finish(v.w, s3)};
   return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
 }
@@ -288,26 +299,19 @@ KOKKOS_INLINE_FUNCTION std::int32_t* round_partials() {
 // - a thread's units sit at fixed offsets and need no bounds checks;
 // - row offsets are single 32 x 32 -> 64-bit multiplies;
 // - the team sum's partials are at a constant address (round_partials());
-// - a table load is issued only for a position inside the table (map()).
+// - a table load is issued only for a position inside the table.
 template <class Space, class Split, int Threads, int UnitsInFlight>
 struct ConvertRounds {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   RoundParams<Split> p;
 
-  // A unit's four table loads are predicated (start_inside()): with them
+  // A unit's four table loads are predicated (map_unit<true>): with them
   // this kernel has 32 registers at 512 x 1 and 256 x 2 (40 and 48 with
   // Convert's branch-free loads of entry 0) and measured 0.05 us faster at
   // T = 1; Convert measured slower with them (H200, docs/PERFORMANCE.md).
-  KOKKOS_INLINE_FUNCTION static std::int32_t map(const TableMap<Split>& m, Int4& v) {
-    const std::int32_t s0 = m.start_inside(v.x), s1 = m.start_inside(v.y), s2 = m.start_inside(v.z),
-                       s3 = m.start_inside(v.w);
-    v = Int4{m.finish(v.x, s0), m.finish(v.y, s1), m.finish(v.z, s2), m.finish(v.w, s3)};
-    return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
-  }
-
   KOKKOS_INLINE_FUNCTION static std::int32_t convert_round(const TableMap<Split>& m, Int4 (&v)[UnitsInFlight], Int4* out) {
     std::int32_t valid = 0;
-    for (int u = 0; u < UnitsInFlight; ++u) valid += map(m, v[u]);
+    for (int u = 0; u < UnitsInFlight; ++u) valid += map_unit<true>(m, v[u]);
     for (int u = 0; u < UnitsInFlight; ++u) out[u * Threads] = v[u];
     return valid;
   }

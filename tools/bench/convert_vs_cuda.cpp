@@ -98,10 +98,12 @@ __global__ void __launch_bounds__(THREADS)
 // arithmetic. Loaded from a cubin and timed beside Triton in one process
 // (session 11, docs/PERFORMANCE.md) it matched Triton at T = 1 and 256 and
 // beat it by 7-8% at T = 1024, where raw 256 x 2 above, loaded the same way,
-// is 0.33 us slower at T = 1. The library's kernel lacks this structure
+// is 0.33 us slower at T = 1. The library's Convert lacked this structure
 // (0.15-0.2 us at T = 1) besides a leaner launch (Kokkos' wrapper and the
-// runtime's registration, 0.3-0.4 us). Timed in this program in session 12
-// (docs/PERFORMANCE.md): 1.47 / 2.70 / 5.62 us at T = 1 / 256 / 1024 here.
+// runtime's registration, 0.3-0.4 us); its ConvertRounds (session 12) has
+// most of the structure for rows of whole rounds. Timed in this program in
+// session 12 (docs/PERFORMANCE.md): 1.47 / 2.70 / 5.62 us at T = 1 / 256 /
+// 1024 here.
 //
 // Three switches undo one difference each from the library's kernel, to find
 // which of them cost (all true is the kernel as measured; session 12: 0.02,
