@@ -147,6 +147,7 @@ const Shape shapes[] = {
     {600, 2048, 7, 40, 64, 64, false},   // T >= 512: GPUs take the many-token shape (4 units in flight)
     {520, 516, 4, 30, 32, 32, true},     // same, prefill, 129 units: a partly filled round
     {530, 6, 3, 5, 8, 8, false},         // same, per-entry path
+    {2100, 2048, 6, 40, 64, 64, false},  // 2048 <= T < 8192: GPUs take whole rounds of 256 x 1
     {8200, 64, 5, 10, 16, 16, false},    // T >= 8192: GPUs take the large-batch shape (2 units in flight)
 };
 

@@ -442,10 +442,9 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
     // against 3.51-3.56). With more tokens Convert stays: at T = 1024 every
     // shape of ConvertRounds measured slower (6.9-7.5 us against 6.75-6.95;
     // at 128 x 4 the compiler put the third and fourth index loads behind
-    // the first table loads), at T = 32768 too (132 us against 130). At
-    // T = 2048 and 4096 256 x 1 was 3% faster (11.2 us against 11.6,
-    // 19.2-19.5 against 19.8-20.0), not taken yet: no CUDA test run has
-    // covered that launch.
+    // the first table loads), at T = 32768 too (132 us against 130). From
+    // T = 2048 to 8191 it takes them at 256 x 1 (T = 2048: 11.2 us against
+    // 11.6; T = 4096: 19.2-19.5 against 19.8-20.0).
     auto threads_for = [&](int base, int in_flight) {
       const std::int64_t needed = (units + in_flight - 1) / in_flight;
       return static_cast<int>(needed >= base ? base : (needed + 31) / 32 * 32);
@@ -455,7 +454,10 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
     } else if (a.num_tokens < 512) {
       if (launch_rounds<Space, 512, 1>(space, p, a.num_tokens, units)) return;
       launch<Space, Int4, 2>(space, p, a.num_tokens, threads_for(256, 2));
+    } else if (a.num_tokens < 2048) {
+      launch<Space, Int4, 4>(space, p, a.num_tokens, threads_for(128, 4));
     } else if (a.num_tokens < 8192) {
+      if (launch_rounds<Space, 256, 1>(space, p, a.num_tokens, units)) return;
       launch<Space, Int4, 4>(space, p, a.num_tokens, threads_for(128, 4));
     } else {
       launch<Space, Int4, 2>(space, p, a.num_tokens, threads_for(128, 2));
