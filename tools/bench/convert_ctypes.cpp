@@ -87,8 +87,11 @@ int sparse_mla_ctypes_convert(void* stream, const std::int32_t* req_id, const st
   return static_cast<int>(cudaGetLastError());
 }
 
-// An empty kernel of one block of `threads`: the launch floor of a kernel
-// that the CUDA runtime registers, as it registers the library's.
+// An empty kernel of one block of `threads` in this translation unit, which
+// includes Kokkos as the library's kernel sources do: the launch floor of a
+// kernel whose module holds Kokkos' 32 KiB constant-memory buffer. The
+// sparse_mla_ctypes_empty_constant_* kernels (empty_kernel.cpp) are the same
+// without Kokkos, with 0, 256 or 32768 bytes of constant memory.
 int sparse_mla_ctypes_empty(void* stream, int threads) {
   empty_kernel<<<1, threads, 0, static_cast<cudaStream_t>(stream)>>>();
   return static_cast<int>(cudaGetLastError());

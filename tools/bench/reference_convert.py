@@ -18,11 +18,14 @@ With --ours (the library's kernel as a shared library, tools/bench/
 convert_ctypes.cpp), the library's conversion is timed the same way in the
 same process, case by case beside the reference, its outputs allocated the
 same way; each round times every case once, and the figures of all rounds
-are printed. Two launch floors come with it: an empty Triton kernel of 8
-warps and an empty kernel of 256 threads registered by the CUDA runtime
-(as the library's kernels are). This is the comparison to quote: the same
-kernel measures 0.3-0.4 us a launch slower here than in `sparse-mla bench`
-(docs/PERFORMANCE.md).
+are printed. Launch floors come with it, empty kernels of one block: a
+Triton kernel of 8 warps, and CUDA kernels of 256 threads in modules with no
+constant memory, 256 bytes, 32 KiB, and in the library's translation unit,
+whose module holds the 32 KiB buffer Kokkos defines in every CUDA
+translation unit that includes it. What a module's constant memory adds to
+each launch of its kernels is the difference. This is the comparison to
+quote: the same kernel measures 0.3-0.4 us a launch slower here than in
+`sparse-mla bench` (docs/PERFORMANCE.md).
 
 Method, as in docs/bench.md: the inputs of each case are those of
 `convert/T=...` (K = 2048, block size 64, token t of request t % min(T, 128),
@@ -97,7 +100,14 @@ def load_ours(path):
     lib = ctypes.CDLL(path)
     i32p, i64, i32, vp = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
     lib.sparse_mla_ctypes_convert.argtypes = [vp, i32p, i32p, i64, i32, i32p, i32p, i32p, i64, i32, i32]
-    lib.sparse_mla_ctypes_empty.argtypes = [vp, ctypes.c_int]
+    empties = {}
+    for name, symbol in [("empty-cuda-no-constant-256", "sparse_mla_ctypes_empty_constant_0"),
+                         ("empty-cuda-constant-256B-256", "sparse_mla_ctypes_empty_constant_256"),
+                         ("empty-cuda-constant-32KiB-256", "sparse_mla_ctypes_empty_constant_32768"),
+                         ("empty-kokkos-tu-256", "sparse_mla_ctypes_empty")]:
+        function = getattr(lib, symbol)
+        function.argtypes = [vp, ctypes.c_int]
+        empties[name] = function
     if lib.sparse_mla_ctypes_init() != 0:
         raise RuntimeError(f"{path}: Kokkos did not initialise")
 
@@ -112,12 +122,14 @@ def load_ours(path):
             raise RuntimeError(f"sparse_mla_ctypes_convert returned {status}")
         return out, counts
 
-    def empty(_):
-        status = lib.sparse_mla_ctypes_empty(torch.cuda.current_stream().cuda_stream, 256)
-        if status != 0:
-            raise RuntimeError(f"sparse_mla_ctypes_empty returned {status}")
+    def launcher(name, function):
+        def empty(_):
+            status = function(torch.cuda.current_stream().cuda_stream, 256)
+            if status != 0:
+                raise RuntimeError(f"{name}: the launch returned {status}")
+        return empty
 
-    return lib, convert, empty
+    return lib, convert, [(name, launcher(name, function)) for name, function in empties.items()]
 
 
 def triton_empty(x):
@@ -224,7 +236,7 @@ def run_floor(name, empty, args):
     case = types.SimpleNamespace(sets=1, launches=rotation(1, args)[1])
     x = torch.empty(1, dtype=torch.int32, device="cuda")
     median, low = time_launches(lambda s: empty(x), case, args)
-    return f"{'launch/' + name:<28} launches {case.launches:5d}  median {median:9.3f} us  min {low:9.3f} us"
+    return f"{'launch/' + name:<38} launches {case.launches:5d}  median {median:9.3f} us  min {low:9.3f} us"
 
 
 def main():
@@ -244,9 +256,9 @@ def main():
     floors = []
     ours = None
     if args.ours:
-        ours, convert, empty = load_ours(args.ours)
+        ours, convert, empties = load_ours(args.ours)
         kernels.append(("sparse-mla", convert))
-        floors = [("empty-triton-8-warps", triton_empty), ("empty-cuda-runtime-256", empty)]
+        floors = [("empty-triton-8-warps", triton_empty)] + empties
     generator = torch.Generator().manual_seed(args.seed)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Triton {triton.__version__}")
     gbs = ceiling(args.rotate_mib * 2**20, args.warmup, args.repeat)
