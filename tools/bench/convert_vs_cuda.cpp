@@ -99,8 +99,10 @@ __global__ void __launch_bounds__(THREADS)
 // (session 11, docs/PERFORMANCE.md) it matched Triton at T = 1 and 256 and
 // beat it by 7-8% at T = 1024, where raw 256 x 2 above, loaded the same way,
 // is 0.33 us slower at T = 1. The library's Convert lacked this structure
-// (0.15-0.2 us at T = 1) besides a leaner launch (Kokkos' wrapper and the
-// runtime's registration, 0.3-0.4 us); its ConvertRounds (session 12) has
+// (0.15-0.2 us at T = 1) besides a leaner launch (Kokkos' wrapper, and the
+// constant memory Kokkos puts in every translation unit's module, 0.107 us a
+// launch: this file's kernels pay it too, the cubin did not; session 13);
+// its ConvertRounds (session 12) has
 // most of the structure for rows of whole rounds. Timed in this program in
 // session 12 (docs/PERFORMANCE.md): 1.47 / 2.70 / 5.62 us at T = 1 / 256 /
 // 1024 here.
