@@ -454,10 +454,8 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
     } else if (a.num_tokens < 512) {
       if (launch_rounds<Space, 512, 1>(space, p, a.num_tokens, units)) return;
       launch<Space, Int4, 2>(space, p, a.num_tokens, threads_for(256, 2));
-    } else if (a.num_tokens < 2048) {
-      launch<Space, Int4, 4>(space, p, a.num_tokens, threads_for(128, 4));
     } else if (a.num_tokens < 8192) {
-      if (launch_rounds<Space, 256, 1>(space, p, a.num_tokens, units)) return;
+      if (a.num_tokens >= 2048 && launch_rounds<Space, 256, 1>(space, p, a.num_tokens, units)) return;
       launch<Space, Int4, 4>(space, p, a.num_tokens, threads_for(128, 4));
     } else {
       launch<Space, Int4, 2>(space, p, a.num_tokens, threads_for(128, 2));
