@@ -89,7 +89,8 @@ int sparse_mla_ctypes_convert(void* stream, const std::int32_t* req_id, const st
 
 // An empty kernel of one block of `threads` in this translation unit, which
 // includes Kokkos as the library's kernel sources do: the launch floor of a
-// kernel whose module holds Kokkos' 32 KiB constant-memory buffer. The
+// kernel whose module holds Kokkos' 32 KiB constant-memory buffer (and
+// desul's lock pointers, also __constant__). The
 // sparse_mla_ctypes_empty_constant_* kernels (empty_kernel.cpp) are the same
 // without Kokkos, with 0, 256 or 32768 bytes of constant memory.
 int sparse_mla_ctypes_empty(void* stream, int threads) {

@@ -102,10 +102,9 @@ __global__ void __launch_bounds__(THREADS)
 // (0.15-0.2 us at T = 1) besides a leaner launch (Kokkos' wrapper, and the
 // constant memory Kokkos puts in every translation unit's module, 0.107 us a
 // launch: this file's kernels pay it too, the cubin did not; session 13);
-// its ConvertRounds (session 12) has
-// most of the structure for rows of whole rounds. Timed in this program in
-// session 12 (docs/PERFORMANCE.md): 1.47 / 2.70 / 5.62 us at T = 1 / 256 /
-// 1024 here.
+// its ConvertRounds (session 12) has most of the structure for rows of
+// whole rounds. Timed in this program in session 12 (docs/PERFORMANCE.md):
+// 1.47 / 2.70 / 5.62 us at T = 1 / 256 / 1024 here.
 //
 // Three switches undo one difference each from the library's kernel, to find
 // which of them cost (all true is the kernel as measured; session 12: 0.02,

@@ -100,14 +100,12 @@ def load_ours(path):
     lib = ctypes.CDLL(path)
     i32p, i64, i32, vp = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
     lib.sparse_mla_ctypes_convert.argtypes = [vp, i32p, i32p, i64, i32, i32p, i32p, i32p, i64, i32, i32]
-    empties = {}
-    for name, symbol in [("empty-cuda-no-constant-256", "sparse_mla_ctypes_empty_constant_0"),
-                         ("empty-cuda-constant-256B-256", "sparse_mla_ctypes_empty_constant_256"),
-                         ("empty-cuda-constant-32KiB-256", "sparse_mla_ctypes_empty_constant_32768"),
-                         ("empty-kokkos-tu-256", "sparse_mla_ctypes_empty")]:
-        function = getattr(lib, symbol)
+    empties = [("empty-cuda-no-constant-256", lib.sparse_mla_ctypes_empty_constant_0),
+               ("empty-cuda-constant-256B-256", lib.sparse_mla_ctypes_empty_constant_256),
+               ("empty-cuda-constant-32KiB-256", lib.sparse_mla_ctypes_empty_constant_32768),
+               ("empty-kokkos-tu-256", lib.sparse_mla_ctypes_empty)]
+    for _, function in empties:
         function.argtypes = [vp, ctypes.c_int]
-        empties[name] = function
     if lib.sparse_mla_ctypes_init() != 0:
         raise RuntimeError(f"{path}: Kokkos did not initialise")
 
@@ -129,7 +127,7 @@ def load_ours(path):
                 raise RuntimeError(f"{name}: the launch returned {status}")
         return empty
 
-    return lib, convert, [(name, launcher(name, function)) for name, function in empties.items()]
+    return lib, convert, [(name, launcher(name, function)) for name, function in empties]
 
 
 def triton_empty(x):
