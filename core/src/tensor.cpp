@@ -1,5 +1,6 @@
 #include "sparse_mla/tensor.hpp"
 
+#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -178,6 +179,69 @@ TensorCheck& TensorCheck::kind(MemoryKind expected) {
     reject(detail::concat("is in ", memory_kind_name(tensor_.kind()), " memory, expected ", memory_kind_name(expected)));
   }
   return *this;
+}
+
+OwnedTensor::OwnedTensor(Device& device, DType dtype, const std::vector<std::int64_t>& shape, MemoryKind kind) {
+  const Tensor layout(nullptr, dtype, shape, kind, &device);  // checks the shape
+  const auto bytes = static_cast<std::uint64_t>(layout.numel()) * dtype_size(dtype);
+  buffer_ = device.allocate(static_cast<std::size_t>(bytes), kind);
+  tensor_ = Tensor::of(buffer_, dtype, shape);
+}
+
+namespace {
+// Bytes from the first element of `view` to one past its last (0 when empty).
+std::size_t span_bytes(const Tensor& view) {
+  if (!view.defined() || view.numel() == 0) return 0;
+  std::int64_t last = 0;
+  for (int i = 0; i < view.rank(); ++i) last += (view.dim(i) - 1) * view.stride(i);
+  return static_cast<std::size_t>(last + 1) * view.element_size();
+}
+}  // namespace
+
+void upload_bytes(Stream& stream, const void* src, std::size_t bytes, const Tensor& dst) {
+  constexpr const char* where = "upload";
+  if (bytes == 0) return;
+  check(where, "dst", dst).defined().contiguous();
+  if (dst.device() != &stream.device()) fail(where, "dst lives on another device than the stream");
+  const std::size_t capacity = static_cast<std::size_t>(dst.numel()) * dst.element_size();
+  if (bytes > capacity) fail(where, bytes, " bytes do not fit dst of shape ", dst.shape_string(), " (", capacity, " bytes)");
+  Buffer staging = stream.device().allocate(bytes, MemoryKind::host);
+  std::memcpy(staging.data(), src, bytes);
+  stream.copy_bytes(dst.data(), staging.data(), bytes);
+  stream.synchronize();  // the staging buffer goes away
+}
+
+void download_bytes(Stream& stream, const Tensor& view, void* dst) {
+  constexpr const char* where = "download";
+  const std::size_t span = span_bytes(view);
+  if (span == 0) return;
+  if (view.device() != &stream.device()) fail(where, "the tensor lives on another device than the stream");
+  Buffer staging = stream.device().allocate(span, MemoryKind::host);
+  stream.copy_bytes(staging.data(), view.data(), span);
+  stream.synchronize();
+  // Walk the elements in row-major order, contiguous runs of the last dimension at once.
+  const std::size_t elem = view.element_size();
+  const int rank = view.rank();
+  const std::int64_t inner = view.dim(rank - 1);
+  const bool packed_inner = view.stride(rank - 1) == 1;
+  const std::int64_t outer = view.numel() / inner;
+  auto* out = static_cast<unsigned char*>(dst);
+  const auto* in = staging.as<const unsigned char>();
+  for (std::int64_t o = 0; o < outer; ++o) {
+    std::int64_t offset = 0, rest = o;
+    for (int i = rank - 2; i >= 0; --i) {
+      offset += (rest % view.dim(i)) * view.stride(i);
+      rest /= view.dim(i);
+    }
+    if (packed_inner) {
+      std::memcpy(out, in + static_cast<std::size_t>(offset) * elem, static_cast<std::size_t>(inner) * elem);
+      out += static_cast<std::size_t>(inner) * elem;
+    } else {
+      for (std::int64_t j = 0; j < inner; ++j, out += elem) {
+        std::memcpy(out, in + static_cast<std::size_t>(offset + j * view.stride(rank - 1)) * elem, elem);
+      }
+    }
+  }
 }
 
 }  // namespace sparse_mla

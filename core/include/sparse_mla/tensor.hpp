@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -94,6 +95,74 @@ std::string index_string(const std::vector<std::int64_t>& shape, std::int64_t fl
 
 inline TensorCheck check(std::string where, std::string name, const Tensor& tensor) {
   return TensorCheck(std::move(where), std::move(name), tensor);
+}
+
+// A Tensor that owns its memory: one Buffer and the contiguous view over it.
+// Move-only, like the Buffer. Converts to the view, so it can be passed
+// wherever a Tensor is taken.
+class OwnedTensor {
+ public:
+  OwnedTensor() = default;
+  // Allocates a contiguous tensor of `shape` (contents undefined).
+  OwnedTensor(Device& device, DType dtype, const std::vector<std::int64_t>& shape,
+              MemoryKind kind = MemoryKind::device);
+
+  const Tensor& tensor() const { return tensor_; }
+  operator const Tensor&() const { return tensor_; }  // NOLINT(google-explicit-constructor): a view of itself
+  const Buffer& buffer() const { return buffer_; }
+  Buffer& buffer() { return buffer_; }
+  bool defined() const { return tensor_.defined(); }
+  void* data() const { return tensor_.data(); }
+  template <class T>
+  T* data_as() const { return tensor_.data_as<T>(); }
+  std::int64_t dim(int i) const { return tensor_.dim(i); }
+  std::int64_t numel() const { return tensor_.numel(); }
+  std::size_t bytes() const { return static_cast<std::size_t>(tensor_.numel()) * tensor_.element_size(); }
+
+ private:
+  Buffer buffer_;
+  Tensor tensor_;
+};
+
+// Moving data between the host and any tensor, through a pageable staging
+// buffer and `stream`. Each call waits for its copy: they are for set-up,
+// tests and tools, never for the step path.
+//
+// upload_bytes: `bytes` from `src` into contiguous `dst` (bytes <= its size).
+// download_bytes: every element of `view` (rows may be strided, as from
+// Tensor::rows or Tensor::narrow), packed row-major into `dst`.
+void upload_bytes(Stream& stream, const void* src, std::size_t bytes, const Tensor& dst);
+void download_bytes(Stream& stream, const Tensor& view, void* dst);
+
+// A new tensor of `shape` holding `values` (values.size() == the shape's
+// element count), in memory of `kind` on the stream's device. `dtype`
+// defaults to T's (pass DType::bf16 for raw std::uint16_t bf16 bits).
+template <class T>
+OwnedTensor upload(Stream& stream, const std::vector<T>& values, const std::vector<std::int64_t>& shape,
+                   MemoryKind kind = MemoryKind::device, DType dtype = dtype_of<T>::value) {
+  OwnedTensor t(stream.device(), dtype, shape, kind);
+  if (static_cast<std::size_t>(t.numel()) != values.size() || dtype_size(dtype) != sizeof(T)) {
+    fail("upload", values.size(), " values of ", sizeof(T), " bytes do not fill a tensor of shape ",
+         t.tensor().shape_string(), " and dtype ", dtype_name(dtype));
+  }
+  upload_bytes(stream, values.data(), values.size() * sizeof(T), t);
+  return t;
+}
+// A rank-1 tensor holding `values`.
+template <class T>
+OwnedTensor upload(Stream& stream, const std::vector<T>& values, MemoryKind kind = MemoryKind::device) {
+  return upload(stream, values, {static_cast<std::int64_t>(values.size())}, kind);
+}
+
+// Every element of `view`, packed row-major. T must have the view's element size.
+template <class T>
+std::vector<T> download(Stream& stream, const Tensor& view) {
+  if (view.element_size() != sizeof(T)) {
+    fail("download", "a tensor of dtype ", dtype_name(view.dtype()), " read as ", sizeof(T), "-byte values");
+  }
+  std::vector<T> values(static_cast<std::size_t>(view.numel()));
+  download_bytes(stream, view, values.data());
+  return values;
 }
 
 }  // namespace sparse_mla
