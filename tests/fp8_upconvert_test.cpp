@@ -1,5 +1,5 @@
 // FP8 gather-upconvert (SPEC section 3) against the scalar reference
-// (tests/reference/fp8_reference.hpp), in both fp8 formats: every byte value
+// (tools/validation/reference/fp8_reference.hpp), in both fp8 formats: every byte value
 // under scales that give zeros, subnormal, overflowing and NaN products;
 // random gathers over many shapes (seq_starts, empty requests, the last
 // request ending at the output's end, block sizes 1 and 64); the
@@ -21,9 +21,10 @@
 #include <vector>
 
 #include "backend_test.hpp"
-#include "reference/fp8_reference.hpp"
+#include "validation/reference/fp8_reference.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/ops.hpp"
+#include "sparse_mla/topk_convert.hpp"
+#include "sparse_mla/fp8_upconvert.hpp"
 #include "test_util.hpp"
 
 namespace sparse_mla::testing {

@@ -18,7 +18,7 @@
 
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "kernels.hpp"
 #include "test_util.hpp"
 
 #ifdef SPARSE_MLA_WITH_CUDA
@@ -270,7 +270,7 @@ TEST_P(GpuNativeTest, KernelsAreThereOrSayWhyNot) {
   auto device = open_device(api().backend);
   if (!device->has_kernels()) {
     try {
-      device->kernels();
+      detail::kernels_of(*device);
       FAIL() << "kernels() returned without kernels";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("this build has no " + api().backend + " kernels"), std::string::npos)
@@ -278,7 +278,7 @@ TEST_P(GpuNativeTest, KernelsAreThereOrSayWhyNot) {
     }
     return;
   }
-  const Kernels& kernels = device->kernels();
+  const Kernels& kernels = detail::kernels_of(*device);
   EXPECT_EQ(std::string(kernels.execution_space()), api().space);
   // A launch on a stream of another backend is refused before anything runs.
   auto host = open_device("host");

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "backend_test.hpp"
-#include "reference/topk_reference.hpp"
+#include "validation/reference/topk_reference.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/index_group.hpp"
+#include "sparse_mla/index_group_builder.hpp"
 #include "test_util.hpp"
 
 namespace sparse_mla::testing {

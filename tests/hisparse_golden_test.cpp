@@ -9,8 +9,8 @@
 #include <string>
 
 #include "backend_test.hpp"
-#include "sparse_mla/hisparse_replay.hpp"
-#include "sparse_mla/safetensors.hpp"
+#include "validation/hisparse_replay.hpp"
+#include "validation/safetensors.hpp"
 
 namespace sparse_mla::testing {
 namespace {

@@ -21,7 +21,7 @@
 // backends without graphs (host) skip with the reason they give.
 //
 // After every step both compare, exactly, against the scalar model
-// (tests/reference/hisparse_reference.hpp) stepping in lockstep: every
+// (tools/validation/reference/hisparse_reference.hpp) stepping in lockstep: every
 // layer's attention indices, valid counts and the bytes attention read (host
 // rows of the layer's pool), every layer's whole hot cache and host pool,
 // and each group's hot indices, miss mask, swap counts and swap lists (read
@@ -45,9 +45,10 @@
 
 #include "backend_test.hpp"
 #include "host/host_device.hpp"
-#include "reference/hisparse_reference.hpp"
+#include "validation/reference/hisparse_reference.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/hisparse.hpp"
+#include "sparse_mla/hisparse_group.hpp"
+#include "sparse_mla/index_group_builder.hpp"
 #include "sparse_mla/hisparse_ops.hpp"
 #include "test_util.hpp"
 

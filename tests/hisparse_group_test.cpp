@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "backend_test.hpp"
-#include "reference/hisparse_reference.hpp"
+#include "validation/reference/hisparse_reference.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/hisparse.hpp"
+#include "sparse_mla/hisparse_group.hpp"
+#include "sparse_mla/index_group_builder.hpp"
 #include "sparse_mla/host_debug.hpp"
-#include "sparse_mla/ops.hpp"
+#include "sparse_mla/topk_convert.hpp"
+#include "sparse_mla/fp8_upconvert.hpp"
 #include "test_util.hpp"
 
 namespace sparse_mla::testing {
@@ -360,7 +362,7 @@ TEST_P(HiSparseGroupTest, PrefillStagingPlanAndStagedRows) {
   for (auto& b : resident_bytes) b = static_cast<std::uint8_t>(rng());
   const auto resident_cache = device_tensor(*device, *e.compute, resident_bytes, {8, block_size, rb});
   const auto staged = g.stage_prefill_rows(1, *e.compute, plan, resident_cache.tensor);
-  const auto got = download_rows<std::uint8_t>(*device, *e.compute, staged.cache);
+  const auto got = download_rows<std::uint8_t>(*device, *e.compute, staged);
   for (std::size_t row = 0; row < plan.host_row_ids.size(); ++row) {
     const std::int32_t x = plan.host_gpu_row_ids[row], h = plan.host_row_ids[row];
     std::vector<std::uint8_t> want(std::size_t(rb), 0);

@@ -1,5 +1,5 @@
 // The HiSparse resolve and row gather on every backend, against the scalar
-// model of tests/reference/hisparse_reference.hpp: cold loads, replays, random
+// model of tools/validation/reference/hisparse_reference.hpp: cold loads, replays, random
 // multi-step runs with evictions (after every step each hot slot holds its
 // host row's bytes), resident pages, padding rows, rows outside the pool,
 // duplicates, the early return, the hit and miss counters, and rejected calls.

@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "reference/hisparse_reference.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "validation/reference/hisparse_reference.hpp"
+#include "sparse_mla/fill.hpp"
 #include "sparse_mla/hisparse_ops.hpp"
 #include "test_util.hpp"
 
@@ -99,7 +99,7 @@ struct HiSparseRig {
 
   void poison_outputs() {
     for (DeviceTensor* o : {&hot_indices, &attention, &resolved, &miss, &swap_host, &swap_device, &valid, &swaps}) {
-      device.kernels().fill_i32(stream, FillI32Args{o->tensor.data_as<std::int32_t>(), o->tensor.numel(), poison_i32});
+      fill_i32(stream, o->tensor, poison_i32);
     }
   }
 

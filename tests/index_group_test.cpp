@@ -16,12 +16,12 @@
 
 #include "backend_test.hpp"
 #include "host/host_device.hpp"
-#include "reference/fp8_reference.hpp"
-#include "reference/topk_reference.hpp"
+#include "validation/reference/fp8_reference.hpp"
+#include "validation/reference/topk_reference.hpp"
 #include "sparse_mla/error.hpp"
 #include "sparse_mla/host_debug.hpp"
-#include "sparse_mla/index_group.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "sparse_mla/index_group_builder.hpp"
+#include "sparse_mla/fill.hpp"
 #include "test_util.hpp"
 
 namespace sparse_mla::testing {
@@ -163,10 +163,8 @@ std::vector<std::int32_t> read(Device& device, Stream& stream, const Tensor& ten
 
 void poison_workspaces(Stream& compute, const Model& m) {
   for (const auto& group : m.builder->groups()) {
-    compute.device().kernels().fill_i32(compute, {group->physical_workspace().data_as<std::int32_t>(),
-                                                  group->physical_workspace().numel(), poison_i32});
-    compute.device().kernels().fill_i32(compute, {group->valid_counts_workspace().data_as<std::int32_t>(),
-                                                  group->valid_counts_workspace().numel(), poison_i32});
+    fill_i32(compute, group->physical_workspace(), poison_i32);
+    fill_i32(compute, group->valid_counts_workspace(), poison_i32);
   }
   compute.synchronize();
 }
@@ -680,7 +678,7 @@ TEST_P(IndexGroupTest, FollowersThatDoNotMatchTheLeaderAreRejected) {
   g.side_stream().synchronize();
   const auto converted = read(*device, *f.compute, g.physical_workspace());
   expect_error([&] { (void)g.convert_logical_to_physical_topk(1, *f.compute, f.rows(2), f.tables.batch, 0, false); },
-               "layer 1 passes logical top-k of 2 rows but the leader's last conversion had 3 rows");
+               "layer 1 passes logical top-k of 2 rows but the leader converted 3 rows");
   expect_error([&] { (void)g.convert_logical_to_physical_topk(1, *f.compute, f.rows(3), f.tables.batch, 0, true); },
                "layer 1 asks for valid counts but the leader converted without them");
   f.expect_workspace(converted);

@@ -7,7 +7,7 @@
 //                name, SPARSE_MLA_SOURCE_DIR "/tests/data/golden" or
 //                SPARSE_MLA_SOURCE_DIR "/shared/golden" if it exists,
 //                "/work/shared/golden".
-#include "sparse_mla/safetensors.hpp"
+#include "validation/safetensors.hpp"
 
 #include <gtest/gtest.h>
 

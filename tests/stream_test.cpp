@@ -11,7 +11,7 @@
 #include "host/host_device.hpp"
 #include "sparse_mla/error.hpp"
 #include "sparse_mla/host_debug.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "kernels.hpp"
 #include "test_util.hpp"
 
 namespace sparse_mla::testing {
@@ -179,7 +179,7 @@ TEST_P(StreamTest, KernelsRunInStreamOrder) {
   const std::int64_t n = 10000;
   Buffer x = device->allocate(n * 4, MemoryKind::device);
   Buffer y = device->allocate(n * 4, MemoryKind::device);
-  const Kernels& k = device->kernels();
+  const Kernels& k = detail::kernels_of(*device);
   for (int trial = 0; trial < 10; ++trial) {
     k.fill_i32(*a, {x.as<std::int32_t>(), n, -1});
     k.fill_i32(*a, {x.as<std::int32_t>(), n, trial});

@@ -31,41 +31,36 @@ class DelayScope {
 constexpr std::int32_t poison_i32 = -123456789;
 constexpr std::uint8_t poison_byte = 0xA5;
 
-// Copies `values` into a new buffer of `kind` (through a plain host buffer and
-// the stream, so it works for device memory too) and waits for the copy.
+// Copies `values` into a new buffer of `kind` and waits for the copy
+// (sparse_mla::upload, kept as a Buffer for tests that slice raw memory).
 template <class T>
 Buffer upload(Device& device, Stream& stream, const std::vector<T>& values, MemoryKind kind = MemoryKind::device) {
-  const std::size_t bytes = values.size() * sizeof(T);
-  Buffer staging = device.allocate(bytes, MemoryKind::host);
-  if (bytes) std::memcpy(staging.data(), values.data(), bytes);
-  Buffer buffer = device.allocate(bytes, kind);
-  stream.copy(buffer, 0, staging, 0, bytes);
-  stream.synchronize();
+  Buffer buffer = device.allocate(values.size() * sizeof(T), kind);
+  if (buffer) upload_bytes(stream, values.data(), buffer.bytes(), Tensor::of(buffer, DType::u8, {std::int64_t(buffer.bytes())}));
   return buffer;
 }
 
+// The first `count` values of `buffer` (sparse_mla::download).
 template <class T>
-std::vector<T> download(Device& device, Stream& stream, const Buffer& buffer, std::size_t count) {
+std::vector<T> download(Device&, Stream& stream, const Buffer& buffer, std::size_t count) {
   std::vector<T> values(count);
-  Buffer staging = device.allocate(count * sizeof(T), MemoryKind::host);
-  stream.copy(staging, 0, buffer, 0, count * sizeof(T));
-  stream.synchronize();
-  if (count) std::memcpy(values.data(), staging.data(), count * sizeof(T));
+  if (count) download_bytes(stream, Tensor::of(buffer, DType::u8, {std::int64_t(count * sizeof(T))}), values.data());
   return values;
 }
 
-// A device tensor holding `values` with `shape`.
+// A device tensor holding `values` with `shape`: sparse_mla::upload's
+// OwnedTensor, as its Buffer and view.
 struct DeviceTensor {
   Buffer buffer;
   Tensor tensor;
 };
 
 template <class T>
-DeviceTensor device_tensor(Device& device, Stream& stream, const std::vector<T>& values,
-                           const std::vector<std::int64_t>& shape, MemoryKind kind = MemoryKind::device) {
-  DeviceTensor t{upload(device, stream, values, kind), Tensor()};
-  t.tensor = Tensor::of(t.buffer, dtype_of<T>::value, shape);
-  return t;
+DeviceTensor device_tensor(Device&, Stream& stream, const std::vector<T>& values, const std::vector<std::int64_t>& shape,
+                           MemoryKind kind = MemoryKind::device) {
+  OwnedTensor owned = sparse_mla::upload(stream, values, shape, kind);
+  const Tensor view = owned.tensor();
+  return DeviceTensor{std::move(owned.buffer()), view};
 }
 
 // Fresh random data every run; SPARSE_MLA_TEST_SEED=<n> replays a failure.
@@ -87,21 +82,10 @@ inline std::mt19937_64 seeded_rng(std::uint64_t salt = 0) {
 namespace sparse_mla::testing {
 
 // The elements of a view whose rows may be strided (Tensor::narrow,
-// Tensor::rows), packed row-major: dim(0) rows of numel() / dim(0) elements.
+// Tensor::rows), packed row-major (sparse_mla::download).
 template <class T>
-std::vector<T> download_rows(Device& device, Stream& stream, const Tensor& view) {
-  const std::int64_t rows = view.dim(0);
-  const std::int64_t width = rows ? view.numel() / rows : 0;
-  const std::int64_t span = rows && width ? (rows - 1) * view.stride(0) + width : 0;
-  std::vector<T> packed(static_cast<std::size_t>(rows * width));
-  if (span == 0) return packed;
-  Buffer staging = device.allocate(static_cast<std::size_t>(span) * sizeof(T), MemoryKind::host);
-  stream.copy_bytes(staging.data(), view.data(), staging.bytes());
-  stream.synchronize();
-  for (std::int64_t r = 0; r < rows; ++r) {
-    std::memcpy(packed.data() + r * width, staging.as<T>() + r * view.stride(0), static_cast<std::size_t>(width) * sizeof(T));
-  }
-  return packed;
+std::vector<T> download_rows(Device&, Stream& stream, const Tensor& view) {
+  return sparse_mla::download<T>(stream, view);
 }
 
 }  // namespace sparse_mla::testing

@@ -1,5 +1,5 @@
 // Top-k conversion (SPEC section 2) against the scalar reference
-// (tests/reference/topk_reference.hpp) on fresh random data over many shapes,
+// (tools/validation/reference/topk_reference.hpp) on fresh random data over many shapes,
 // both kernel paths (16-byte vectors and the per-entry path), caller-owned
 // outputs, the prefill-workspace variant, and every rejection path.
 #include <gtest/gtest.h>
@@ -13,9 +13,10 @@
 #include <vector>
 
 #include "backend_test.hpp"
-#include "reference/topk_reference.hpp"
+#include "validation/reference/topk_reference.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/ops.hpp"
+#include "sparse_mla/topk_convert.hpp"
+#include "sparse_mla/fp8_upconvert.hpp"
 #include "test_util.hpp"
 
 namespace sparse_mla::testing {

@@ -26,7 +26,7 @@
 
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "kernels.hpp"
 
 namespace sparse_mla::gpu {
 

@@ -32,7 +32,7 @@
 #include <string>
 
 #include "sparse_mla/device.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "kernels.hpp"
 
 // One forwarding member: Runtime::MemcpyAsync(...) calls cudaMemcpyAsync(...).
 #define SPARSE_MLA_GPU_FORWARD(api, Fn) \

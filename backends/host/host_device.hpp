@@ -112,4 +112,13 @@ class HostDevice final : public Device {
 
 std::shared_ptr<Device> open_host_device(int index);
 
+// Sleeps the debug delay of sparse_mla/host_debug.hpp (host_debug.cpp);
+// each task of a host stream calls it first.
+void random_delay();
+
+// The host object behind a Stream or Event of this backend; throws Error
+// naming `where` when it belongs to another backend.
+HostStream& as_host_stream(Stream& stream, const char* where);
+HostEvent& as_host_event(Event& event, const char* where);
+
 }  // namespace sparse_mla::host

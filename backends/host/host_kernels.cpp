@@ -28,7 +28,7 @@ struct HostExec {
 
   template <class F>
   static void launch(Stream& stream, F f) {
-    auto& host_stream = dynamic_cast<HostStream&>(stream);
+    HostStream& host_stream = as_host_stream(stream, "host kernel launch");
     host_stream.enqueue([f] {
       std::lock_guard<std::mutex> lock(kokkos_entry());
       f(execution_space());

@@ -3,7 +3,7 @@
 
 #include <Kokkos_Core.hpp>
 
-#include "sparse_mla/kernels.hpp"
+#include "kernels.hpp"
 
 namespace sparse_mla::kernels {
 

@@ -22,7 +22,7 @@
 #include <type_traits>
 
 #include "space_traits.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "kernels.hpp"
 
 namespace sparse_mla::kernels {
 
@@ -141,13 +141,12 @@ struct SPARSE_MLA_MAY_ALIAS Word {
 // How a row load fetches (CUDA only; elsewhere every load is plain):
 // - wide: the L2 brings the whole 256-byte block the load falls in from
 //   DRAM (ld.global.L2::256B), for rows read whole, whose neighbouring bytes
-//   other lanes of the team load next (524288 rows: 3926-3928 GB/s against
-//   3883-3901 with plain loads, the same H200 run);
+//   other lanes of the team load next;
 // - wide_streaming: as wide, and the line is not kept in the L1
-//   (L1::no_allocate), for outputs stored streaming (524288 rows:
-//   3959-3966 GB/s against 3929-3932 for wide, three alternating rounds of
-//   one H200 run). Launches with plain stores keep wide: with the hint
-//   there, 131072 rows lost 3%.
+//   (L1::no_allocate), for outputs stored streaming. Launches with plain
+//   stores keep wide: the hint lost throughput there.
+// Each form was measured against the previous one on the H200
+// (docs/PERFORMANCE.md).
 enum class Fetch { plain, wide, wide_streaming };
 
 #if defined(__CUDA_ARCH__)
@@ -241,14 +240,11 @@ KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { retu
 
 // The three GPU launches of the kernel (gather_upconvert_fp8 picks one; CPUs
 // take many_pages). In all of them a warp's request loads go out before the
-// team works out its task, so that they are in flight during its division
-// (2048 rows: 3.95 us against 4.06-4.08, three A/B rounds). They differ,
-// measured on the H200 in one run each:
+// team works out its task, so that they are in flight during its division.
+// They differ (each choice measured on the H200; docs/PERFORMANCE.md):
 // - few_pages (teams of 8 rows): plain loads, an unsigned task division;
-// - many_pages (160-thread teams of 16 rows, 48 registers): wide fetches
-//   (see Fetch) and a signed division (524288 rows: 3711-3718 GB/s with
-//   the unsigned one, 3783 with the signed one, in one run with 512-thread
-//   teams);
+// - many_pages (160-thread teams of 16 rows): wide fetches (see Fetch) and a
+//   signed division, which this launch ran better with than the unsigned one;
 // - many_pages_streaming: as many_pages, outputs stored streaming and rows
 //   fetched without keeping them in the L1.
 enum class UpconvertShape { few_pages, many_pages, many_pages_streaming };
@@ -306,10 +302,9 @@ struct Fp8Upconvert {
 
   // Every thread of a team looks up the same page. On CUDA (page_of_warp)
   // the 32 lanes of a warp take 32 requests at once (loads, page counts, a
-  // shuffle scan of them, a ballot for the one that holds the task): a few
-  // dozen instructions, where a loop over the requests cost each warp
-  // hundreds, as many as the conversion of its rows (Nsight Compute at 2048
-  // rows). Elsewhere (page_of) a loop, with the starts of 8 requests loaded
+  // shuffle scan of them, a ballot for the one that holds the task), where a
+  // loop over the requests had cost each warp about as much as converting
+  // its rows. Elsewhere (page_of) a loop, with the starts of 8 requests loaded
   // before any is used (clamped indices, not branches, so that the loads
   // issue together).
   static constexpr std::int32_t loads_together = 8;
@@ -512,7 +507,7 @@ struct Fp8Upconvert {
 #endif
     // Few pages: an unsigned division (the league rank and chunks_per_page
     // are positive), a few instructions shorter. Many pages: signed, which
-    // measured 2% faster there (see UpconvertShape).
+    // that launch ran better with (see UpconvertShape).
     using TaskIndex = std::conditional_t<Shape == UpconvertShape::few_pages, std::uint32_t, std::int32_t>;
     const auto task = static_cast<TaskIndex>(team.league_rank());
     const auto chunks = static_cast<TaskIndex>(chunks_per_page);
@@ -550,14 +545,13 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
                       (a.host_cache == nullptr || (aligned16(a.host_cache) && a.host_row_stride % 16 == 0));
   // The reference's grid: every request adds at most two partial pages.
   const std::int64_t tasks = (std::int64_t{a.total_rows} + a.block_size - 1) / a.block_size + 2 * std::int64_t{a.batch};
-  // GPUs, measured on the H200 (8 requests, block size 64): with few pages a
-  // team per 8 rows of a page (320 threads, one unit each) fills the device
-  // (2048 rows: 7.7 us against 14.5 us for a team per page). With many pages
-  // a team of 160 threads per 16 rows of a page, four units a thread (two
-  // full rounds of two; 524288 rows: 3877-3878 GB/s, against 3849-3856 for
-  // 320 threads per 32 rows and 3801-3803 for 512 threads per page, as the
-  // reference launches it, all in one run; 3535-3544 for 320 threads per 16
-  // rows, one round).
+  // GPUs (team shapes measured on the H200, 8 requests, block size 64;
+  // docs/PERFORMANCE.md): with few pages a team per 8 rows of a page (320
+  // threads, one unit each) fills the device better than a team per page.
+  // With many pages a team of 160 threads per 16 rows of a page, four units
+  // a thread (two full rounds of two), ahead of 320 threads per 32 rows, of
+  // 512 threads per page (as the reference launches it) and of one round a
+  // thread.
   // CPUs: a team (of one) per page. A page holds at most min(block_size,
   // total_rows) rows; where a launch's teams would not fit in an int, a page
   // takes a team.
@@ -593,11 +587,9 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
   } else if (few_pages) {
     launch(Kokkos::TeamPolicy<Space>(space, teams, team), std::integral_constant<Shape, Shape::few_pages>{});
   } else {
-    // Eight 160-thread teams an SM at 48 registers, without spills (ten
-    // leave 32 registers and spills: 3750-3751 GB/s at 524288 rows). Outputs
-    // several times the size of a GPU's L2 (Hopper's is 50 MB) are stored
-    // streaming: 524288 rows (604 MB) at 3809 GB/s against 3776, the same
-    // run (with 512-thread teams).
+    // Eight 160-thread teams an SM, which the compiler fits without spills
+    // (ten teams an SM spill). Outputs several times the size of a GPU's L2
+    // (Hopper's is 50 MB) are stored streaming.
     const Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<160, 8>> policy(space, teams, team);
     constexpr std::int64_t streaming_output_bytes = std::int64_t{256} << 20;
     if (std::int64_t{a.total_rows} * 2 * upconverted_row_width > streaming_output_bytes) {

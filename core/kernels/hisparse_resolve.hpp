@@ -9,23 +9,22 @@
 // entry's hash position, the new LRU order, one hit bit per slot, one miss
 // bit per entry and the per-warp team sums, a production row (K = 2048,
 // H = 4096, hot blocks of 64) needs 39,424 bytes of scratch (and 16 to align
-// the set): it fits
-// the 40,936 bytes of level-0 (shared memory) scratch that a Kokkos 4.6 CUDA
-// team can have, so every probe and atomic stays on the chip. Larger shapes
-// run the same code from level-1 (global) scratch.
+// the set): it fits the 40,936 bytes of level-0 (shared memory) scratch that
+// a Kokkos 4.6 CUDA team can have, so every probe and atomic stays on the
+// chip. Larger shapes run the same code from level-1 (global) scratch.
 //
 // On a GPU one team resolves a row alone, so the row's time is its chain of
 // dependent loads and barriers, and the more warps hide each other's
-// latency the shorter it is: a team is 1024 threads (H200, K = 2048,
-// H = 4096: 1 row 23.2 us against 26.5 with 512, 128 rows 32.0 against
-// 38.8). Each pass gives a thread fixed groups of entries (2) or slots (4),
-// one group per thread at K = 2048, H = 4096, and issues a group's global
-// loads before it uses any of them; the prefix sums run over groups, and
-// the LRU walk and the miss numbering share one. Each team sum is one
-// barrier (team_prefix: a warp shuffle scan, one word per warp through
-// scratch), and that barrier is also the one between two passes.
-// LaunchBounds<1024, 1> keeps the kernel within 64 registers. On the host
-// a team is one thread and the same passes run as loops.
+// latency the shorter it is: a team is 1024 threads (rows resolved sooner
+// than with 512 on the H200; docs/PERFORMANCE.md). Each pass gives a thread
+// fixed groups of entries (2) or slots (4), one group per thread at
+// K = 2048, H = 4096, and issues a group's global loads before it uses any
+// of them; the prefix sums run over groups, and the LRU walk and the miss
+// numbering share one. Each team sum is one barrier (team_prefix: a warp
+// shuffle scan, one word per warp through scratch), and that barrier is also
+// the one between two passes. LaunchBounds<1024, 1> keeps the kernel within
+// 64 registers (a 1024-thread team's share of an SM's register file). On the
+// host a team is one thread and the same passes run as loops.
 //
 // Passes (one barrier between two, in the team sum that ends each):
 //   1. map_entries: map every entry to its host row g and its resident row;
@@ -54,7 +53,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "space_traits.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "kernels.hpp"
 
 namespace sparse_mla::kernels {
 
@@ -111,7 +110,7 @@ struct BlockSplit {
 // load): a key starts at the first position of its hash bucket and moves on
 // a bucket at a time, so a lookup at half load nearly always ends in its
 // first bucket. Probing one position at a time, a warp ran as many rounds as
-// its longest chain: about half the resolve's instructions (Nsight Compute).
+// its longest chain, and probing dominated the resolve's instructions.
 constexpr std::int32_t bucket = 4;
 
 // Positions of the set for top_k entries: 2K (at most half full), a whole

@@ -6,7 +6,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "space_traits.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "kernels.hpp"
 
 namespace sparse_mla::kernels {
 

@@ -14,7 +14,7 @@
 #include "hisparse_resolve.hpp"
 #include "hisparse_stage.hpp"
 #include "topk_convert.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "kernels.hpp"
 
 namespace sparse_mla::kernels {
 

@@ -7,8 +7,8 @@
 //
 // The row is a chain of memory latencies: its indices and its request id,
 // then the request's block-table entries, then the stores and the count.
-// Everything here keeps that chain short, and was measured on the H200
-// (docs/PERFORMANCE.md):
+// Everything here keeps that chain short (docs/PERFORMANCE.md has the H200
+// measurements behind each choice):
 // - the first units' loads and the request id are issued before anything
 //   waits on either (the compiler had made the index loads wait for req_id);
 // - a unit's four table loads are issued before any is used (one round trip
@@ -21,8 +21,8 @@
 //
 // Two kernels: Convert takes any row; ConvertRounds takes rows that fill
 // whole rounds of its team (production decode at K = 2048), with the team's
-// shape fixed at compile time. convert_split() picks between them by what
-// measured faster.
+// shape fixed at compile time. convert_split() picks between them by the
+// token count.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -30,7 +30,7 @@
 #include <cstdint>
 
 #include "space_traits.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "kernels.hpp"
 
 namespace sparse_mla::kernels {
 
@@ -305,10 +305,10 @@ struct ConvertRounds {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   RoundParams<Split> p;
 
-  // A unit's four table loads are predicated (map_unit<true>): with them
-  // this kernel has 32 registers at 512 x 1 and 256 x 2 (40 and 48 with
-  // Convert's branch-free loads of entry 0) and measured 0.05 us faster at
-  // T = 1; Convert measured slower with them (H200, docs/PERFORMANCE.md).
+  // A unit's four table loads are predicated (map_unit<true>): the compiler
+  // keeps fewer addresses live than with Convert's branch-free loads of
+  // entry 0. Convert keeps the branch-free loads, with which it measured
+  // better (H200, docs/PERFORMANCE.md).
   KOKKOS_INLINE_FUNCTION static std::int32_t convert_round(const TableMap<Split>& m, Int4 (&v)[UnitsInFlight], Int4* out) {
     std::int32_t valid = 0;
     for (int u = 0; u < UnitsInFlight; ++u) valid += map_unit<true>(m, v[u]);
@@ -428,23 +428,19 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
       launch<Space, std::int32_t, 4>(space, p, a.num_tokens, 1);
     }
   } else {
-    // Shapes measured on the H200 (K=2048, graph replays, rotated inputs;
-    // 512 x 1, 512 x 2, 256 x 2, 128 x 2, 128 x 4, 256 x 4, 64 x 8 tried):
-    // a few tokens want many threads with few loads each (T = 1 and 256:
-    // 256 threads x two 16-byte units), a full device fewer threads with
-    // more loads each (T = 1024: 128 x 4, 6.2 us against 6.6 for 256 x 2;
-    // T = 32768: 128 x 2, 130 us against 133 for 128 x 4). Small rows shrink
-    // the team to the warps their units fill (at least one: K >= 1).
+    // Team shapes chosen by measurement on the H200 (K = 2048, graph
+    // replays, rotated inputs; docs/PERFORMANCE.md has the figures and the
+    // shapes tried): a few tokens want many threads with few loads each
+    // (below 512 tokens: 256 threads x two 16-byte units), a full device
+    // fewer threads with more loads each (128 x 4 below 8192 tokens, 128 x 2
+    // from there). Small rows shrink the team to the warps their units fill
+    // (at least one: K >= 1).
     //
-    // Rows of whole rounds take ConvertRounds where it measured faster: a
-    // few tokens, at 512 threads x 1 unit (one process beside the reference,
-    // T = 1: 2.24 us against Convert's 2.49 at 256 x 2; T = 256: 3.30
-    // against 3.51-3.56). With more tokens Convert stays: at T = 1024 every
-    // shape of ConvertRounds measured slower (6.9-7.5 us against 6.75-6.95;
-    // at 128 x 4 the compiler put the third and fourth index loads behind
-    // the first table loads), at T = 32768 too (132 us against 130). From
-    // T = 2048 to 8191 it takes them at 256 x 1 (T = 2048: 11.2 us against
-    // 11.6; T = 4096: 19.2-19.5 against 19.8-20.0).
+    // Rows of whole rounds take ConvertRounds where it beat Convert: below
+    // 512 tokens at 512 threads x 1 unit, and from 2048 to 8191 tokens at
+    // 256 x 1. From 512 to 2047 tokens and from 8192 Convert stays (at
+    // 128 x 4 the compiler put ConvertRounds' third and fourth index loads
+    // behind its first table loads).
     auto threads_for = [&](int base, int in_flight) {
       const std::int64_t needed = (units + in_flight - 1) / in_flight;
       return static_cast<int>(needed >= base ? base : (needed + 31) / 32 * 32);

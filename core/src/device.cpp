@@ -1,7 +1,7 @@
 #include "sparse_mla/device.hpp"
 
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "kernels.hpp"
 
 namespace sparse_mla {
 
@@ -113,5 +113,11 @@ const Kernels& Device::kernels() const {
   }
   return *kernels_;
 }
+
+std::string Device::execution_space() const { return kernels().execution_space(); }
+
+namespace detail {
+const Kernels& kernels_of(const Device& device) { return device.kernels(); }
+}  // namespace detail
 
 }  // namespace sparse_mla

@@ -1,15 +1,13 @@
-#include <limits>
+#include "sparse_mla/fp8_upconvert.hpp"
 
+#include "kernels.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/kernels.hpp"
-#include "sparse_mla/ops.hpp"
 
 namespace sparse_mla {
 
 namespace {
 
 constexpr const char* where = "gather_upconvert_fp8";
-constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
 
 // The host-backed variant's tensors, checked; fills the args' host fields.
 void check_host_backed(const Device& device, const Fp8GatherParams& p, Fp8UpconvertArgs& args) {
@@ -82,7 +80,7 @@ void gather_upconvert_fp8(Stream& stream, const Tensor& src_cache, const Tensor&
   args.batch = static_cast<std::int32_t>(batch_size);
   args.block_size = static_cast<std::int32_t>(block_size);
   args.format = params.format;
-  device.kernels().gather_upconvert_fp8(stream, args);
+  detail::kernels_of(device).gather_upconvert_fp8(stream, args);
 }
 
 void check_fp8_gather_values(const std::int32_t* block_table, std::int64_t blocks_per_request,

@@ -1,14 +1,12 @@
 #include "sparse_mla/hisparse_config.hpp"
 
 #include <algorithm>
-#include <limits>
 
 #include "sparse_mla/error.hpp"
 
 namespace sparse_mla {
 
 namespace {
-constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
 constexpr std::int32_t max_hot_slots = 32768;  // slot ids are int16 in the LRU
 }  // namespace
 

@@ -1,17 +1,15 @@
-#include <cstring>
+#include "sparse_mla/hisparse_group.hpp"
+
 #include <numeric>
 #include <utility>
 
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/hisparse.hpp"
+#include "sparse_mla/fp8.hpp"
 #include "sparse_mla/hisparse_ops.hpp"
-#include "sparse_mla/kernels.hpp"
 
 namespace sparse_mla {
 
 namespace {
-
-constexpr const char* convert_where = "HiSparseMLAIndexGroup::convert_logical_to_physical_topk";
 
 // A layer's KV row size from its LayerConfig, or the group's default.
 std::int64_t layer_row_bytes(const LayerConfig& layer, const HiSparseConfig& config) {
@@ -19,7 +17,7 @@ std::int64_t layer_row_bytes(const LayerConfig& layer, const HiSparseConfig& con
   const std::string& dtype = layer.kv_cache_dtype;
   std::int64_t bytes = config.row_bytes;
   if (dtype == "fp8_ds_mla") {
-    bytes = 656;
+    bytes = fp8_row_bytes;
   } else if (dtype == "bfloat16" || dtype == "float16" || dtype == "auto") {
     bytes = 2 * layer.head_size;
   } else if (dtype == "float32") {
@@ -32,56 +30,41 @@ std::int64_t layer_row_bytes(const LayerConfig& layer, const HiSparseConfig& con
   return bytes;
 }
 
-template <class T>
-Tensor device_copy(Device& device, Stream& stream, std::vector<Buffer>& owned, const std::vector<T>& values,
-                   const std::vector<std::int64_t>& shape) {
-  const std::size_t bytes = values.size() * sizeof(T);
-  Buffer staging = device.allocate(bytes, MemoryKind::host);
-  if (bytes) std::memcpy(staging.data(), values.data(), bytes);
-  owned.push_back(device.allocate(bytes, MemoryKind::device));
-  stream.copy(owned.back(), 0, staging, 0, bytes);
-  stream.synchronize();  // the staging buffer goes away
-  return Tensor::of(owned.back(), dtype_of<T>::value, shape);
-}
+}  // namespace
 
-struct ResolveCall {
+// The resolve's arguments for batch rows [0, T) of one step.
+struct HiSparseMLAIndexGroup::ResolveCall {
   HiSparseResolveInputs in;
   HiSparseResolveOutputs out;
 };
 
-// The resolve's arguments for batch rows [0, T).
-ResolveCall resolve_call(const HiSparseMLAIndexGroup& g, const Tensor& logical, const BatchMetadata& batch,
-                                const Tensor& hot_indices, const Tensor& miss_mask, const Tensor& swap_host,
-                                const Tensor& swap_device, const Tensor& swap_counts, const Tensor& counters,
-                                bool return_valid_counts) {
-  const std::int64_t T = logical.dim(0);
-  const HiSparseConfig& c = g.config();
-  ResolveCall call;
-  call.in.logical = logical;
-  call.in.request_ids = batch.req_id_per_token;
-  call.in.request_state_indices = batch.hisparse->request_state_indices;
-  call.in.source_block_table = batch.block_table;
-  call.in.source_block_size = batch.block_size;
-  call.in.host_rows = c.host_pool_rows;
-  call.in.resident_block_table = batch.hisparse->resident_block_table;
-  call.in.resident_block_size = batch.block_size;
-  call.in.resident_null_block = batch.hisparse->resident_null_block;
-  call.in.hot_table_by_state = !batch.hisparse->hot_block_table.defined();
-  call.in.hot_block_table = call.in.hot_table_by_state ? g.hot_block_table() : batch.hisparse->hot_block_table;
-  call.in.hot_block_size = c.block_size;
-  call.in.attention_block_stride = c.attention_block_stride;
-  call.out.hot_indices = hot_indices.rows(0, T);
-  call.out.attention_indices = g.physical_workspace().rows(0, T);
-  call.out.miss_mask = miss_mask.rows(0, T);
-  call.out.swap_host_rows = swap_host.rows(0, T);
-  call.out.swap_device_rows = swap_device.rows(0, T);
-  if (return_valid_counts) call.out.valid_counts = g.valid_counts_workspace().rows(0, T);
-  call.out.swap_counts = swap_counts.rows(0, T);
-  call.out.hit_miss_counters = counters;
-  return call;
+HiSparseMLAIndexGroup::ResolveCall HiSparseMLAIndexGroup::resolve_call(const StepCall& call) const {
+  const std::int64_t T = call.num_tokens();
+  const BatchMetadata& batch = call.batch;
+  ResolveCall r;
+  r.in.logical = call.logical_topk;
+  r.in.request_ids = batch.req_id_per_token;
+  r.in.request_state_indices = batch.hisparse->request_state_indices;
+  r.in.source_block_table = batch.block_table;
+  r.in.source_block_size = batch.block_size;
+  r.in.host_rows = config_.host_pool_rows;
+  r.in.resident_block_table = batch.hisparse->resident_block_table;
+  r.in.resident_block_size = batch.block_size;
+  r.in.resident_null_block = batch.hisparse->resident_null_block;
+  r.in.hot_table_by_state = !batch.hisparse->hot_block_table.defined();
+  r.in.hot_block_table = r.in.hot_table_by_state ? hot_block_table_.tensor() : batch.hisparse->hot_block_table;
+  r.in.hot_block_size = config_.block_size;
+  r.in.attention_block_stride = config_.attention_block_stride;
+  r.out.hot_indices = hot_indices_.tensor().rows(0, T);
+  r.out.attention_indices = physical_workspace().rows(0, T);
+  r.out.miss_mask = miss_mask_.tensor().rows(0, T);
+  r.out.swap_host_rows = swap_host_rows_.tensor().rows(0, T);
+  r.out.swap_device_rows = swap_device_rows_.tensor().rows(0, T);
+  if (call.return_valid_counts) r.out.valid_counts = valid_counts_workspace().rows(0, T);
+  r.out.swap_counts = swap_counts_.tensor().rows(0, T);
+  r.out.hit_miss_counters = counters_;
+  return r;
 }
-
-}  // namespace
 
 HiSparseMLAIndexGroup::HiSparseMLAIndexGroup(std::shared_ptr<Device> device, const Tensor& logical_topk_buffer,
                                              std::int64_t max_decode_rows, bool has_indexer, const HiSparseConfig& config)
@@ -106,16 +89,14 @@ void HiSparseMLAIndexGroup::allocate_state() {
   for (std::int64_t s = 0; s < S; ++s) std::iota(lru.begin() + s * H, lru.begin() + (s + 1) * H, std::int16_t{0});
   std::vector<std::int32_t> hot_blocks(static_cast<std::size_t>(S * hot_blocks_per_state_));
   std::iota(hot_blocks.begin(), hot_blocks.end(), 0);  // state s owns blocks s * hot_blocks_per_state ...
-  slot_rows_ = device_copy(dev, stream, buffers_, std::vector<std::int32_t>(lru.size(), -1), {S, H});
-  lru_ = device_copy(dev, stream, buffers_, lru, {S, H});
-  hot_block_table_ = device_copy(dev, stream, buffers_, hot_blocks, {S, hot_blocks_per_state_});
-  for (Tensor* t : {&hot_indices_, &miss_mask_, &swap_host_rows_, &swap_device_rows_}) {
-    buffers_.push_back(dev.allocate(static_cast<std::size_t>(W * K) * 4, MemoryKind::device));
-    *t = Tensor::of(buffers_.back(), DType::i32, {W, K});
+  slot_rows_ = upload(stream, std::vector<std::int32_t>(lru.size(), -1), {S, H});
+  lru_ = upload(stream, lru, {S, H});
+  hot_block_table_ = upload(stream, hot_blocks, {S, hot_blocks_per_state_});
+  for (OwnedTensor* t : {&hot_indices_, &miss_mask_, &swap_host_rows_, &swap_device_rows_}) {
+    *t = OwnedTensor(dev, DType::i32, {W, K});
   }
-  buffers_.push_back(dev.allocate(static_cast<std::size_t>(W) * 4, MemoryKind::device));
-  swap_counts_ = Tensor::of(buffers_.back(), DType::i32, {W});
-  counters_ = device_copy(dev, stream, buffers_, std::vector<std::int64_t>{0, 0}, {2});
+  swap_counts_ = OwnedTensor(dev, DType::i32, {W});
+  counters_ = upload(stream, std::vector<std::int64_t>{0, 0}, {2});
 }
 
 int HiSparseMLAIndexGroup::register_layer(const LayerConfig& config) {
@@ -134,102 +115,63 @@ HiSparseCacheHandle& HiSparseMLAIndexGroup::cache(int layer_index) const {
 }
 
 void HiSparseMLAIndexGroup::prepare_for_batch(int layer_index, const BatchMetadata& batch, Stream& compute) {
-  constexpr const char* where = "HiSparseMLAIndexGroup::prepare_for_batch";
-  check_layer(where, layer_index, compute);
+  check_layer("prepare_for_batch", layer_index, compute);
   if (layer_index != 0) return;
-  if (batch.hisparse == nullptr) fail(where, "batch.hisparse is null: a HiSparse group needs the step's state rows");
-  check(where, "batch.hisparse->request_state_indices", batch.hisparse->request_state_indices).dtype(DType::i32).rank(1)
+  const std::string w = where("prepare_for_batch");
+  if (batch.hisparse == nullptr) fail(w, "batch.hisparse is null: a HiSparse group needs the step's state rows");
+  check(w, "batch.hisparse->request_state_indices", batch.hisparse->request_state_indices).dtype(DType::i32).rank(1)
       .on(device());
 }
 
-TopkConversion HiSparseMLAIndexGroup::convert_logical_to_physical_topk(int layer_index, Stream& compute,
-                                                                      const Tensor& logical_topk,
-                                                                      const BatchMetadata& batch,
-                                                                      std::int64_t block_stride_rows,
-                                                                      bool return_valid_counts) {
-  check_layer(convert_where, layer_index, compute);
-  check(convert_where, "logical top-k", logical_topk).dtype(DType::i32).rank(2);
-  if (is_decode_sized(logical_topk.dim(0))) {
-    return convert_decode(layer_index, compute, logical_topk, batch, return_valid_counts);
-  }
-  // Prefill-sized batches do not fit the decode workspace: their context
-  // pages are resident (or were staged), so they convert like plain groups
-  // through the resident block table.
-  if (batch.hisparse == nullptr || !batch.hisparse->resident_block_table.defined()) {
-    fail(convert_where, "a prefill-sized batch (", logical_topk.dim(0), " rows, workspace ", workspace_rows(),
-         ") needs batch.hisparse->resident_block_table: stage non-resident prefill rows first");
-  }
-  return convert_once(layer_index, compute, logical_topk, batch.req_id_per_token, batch.hisparse->resident_block_table,
-                      batch.block_size, block_stride_rows, return_valid_counts);
+// ---- The decode protocol's hooks ----
+
+// Followers are checked by the protocol (the leader's rows and counts); the
+// leader's resolve is checked here, before anything is queued.
+void HiSparseMLAIndexGroup::check_decode_step(const StepCall& call) const {
+  if (!call.leader()) return;
+  const std::string w = where("convert_logical_to_physical_topk");
+  if (call.batch.hisparse == nullptr) fail(w, "batch.hisparse is null: a HiSparse group needs the step's state rows");
+  if (caches_.empty()) fail(w, "the group has no layers");
+  const ResolveCall r = resolve_call(call);
+  check_resolve_hisparse(device(), r.in, HiSparseSlotState{slot_rows_, lru_}, config_.hot_slots, r.out);
 }
 
-
-TopkConversion HiSparseMLAIndexGroup::convert_decode(int layer_index, Stream& compute, const Tensor& logical_topk,
-                                                     const BatchMetadata& batch, bool return_valid_counts) {
-  check_decode(layer_index, logical_topk, batch, return_valid_counts);
-  if (layer_index == 0) resolve_and_gather(compute, logical_topk, batch, return_valid_counts);
-  compute.wait(cache(layer_index).ready());
-  const std::int64_t T = logical_topk.dim(0);
-  TopkConversion result;
-  result.physical = physical_workspace().rows(0, T);
-  if (return_valid_counts) result.valid_counts = valid_counts_workspace().rows(0, T);
-  return result;
-}
-
-
-// Everything that can reject, before anything is queued.
-void HiSparseMLAIndexGroup::check_decode(int layer_index, const Tensor& logical_topk, const BatchMetadata& batch,
-                                         bool return_valid_counts) const {
-  check(convert_where, "logical top-k", logical_topk).dim(1, top_k(), "K of the group's logical top-k buffer");
-  const std::int64_t T = logical_topk.dim(0);
-  if (layer_index != 0) {
-    if (leader_rows_ < 0) {
-      fail(convert_where, "layer ", layer_index, " asks for the group's physical top-k before the leader (layer 0) resolved a decode-sized batch");
-    }
-    if (T != leader_rows_) {
-      fail(convert_where, "layer ", layer_index, " passes logical top-k of ", T, " rows but the leader resolved ", leader_rows_, " rows");
-    }
-    if (return_valid_counts && !leader_counted_) {
-      fail(convert_where, "layer ", layer_index, " asks for valid counts but the leader resolved without them");
-    }
-    return;
-  }
-  if (batch.hisparse == nullptr) fail(convert_where, "batch.hisparse is null: a HiSparse group needs the step's state rows");
-  if (caches_.empty()) fail(convert_where, "the group has no layers");
-  const ResolveCall call = resolve_call(*this, logical_topk, batch, hot_indices_, miss_mask_, swap_host_rows_,
-                                        swap_device_rows_, swap_counts_, counters_, return_valid_counts);
-  check_resolve_hisparse(device(), call.in, HiSparseSlotState{slot_rows_, lru_}, config_.hot_slots, call.out);
-}
-
-// The leader's work on the side stream: one resolve, then one gather per
-// layer, each followed by that layer's ready event.
-void HiSparseMLAIndexGroup::resolve_and_gather(Stream& compute, const Tensor& logical_topk, const BatchMetadata& batch,
-                                               bool return_valid_counts) {
-  Stream& side = side_stream();
-  if (has_indexer() && !piecewise_capture()) {
-    side.wait(logical_topk_ready());
-  } else {
-    side.wait(compute);
-  }
-  const ResolveCall call = resolve_call(*this, logical_topk, batch, hot_indices_, miss_mask_, swap_host_rows_,
-                                        swap_device_rows_, swap_counts_, counters_, return_valid_counts);
-  resolve_hisparse(side, call.in, HiSparseSlotState{slot_rows_, lru_}, config_.hot_slots, call.out);
-  physical_topk_ready().record(side);
+void HiSparseMLAIndexGroup::queue_conversion(Stream& side, const StepCall& call) {
+  const ResolveCall r = resolve_call(call);
+  resolve_hisparse(side, r.in, HiSparseSlotState{slot_rows_, lru_}, config_.hot_slots, r.out);
   ++resolves_;
-  const std::int64_t T = logical_topk.dim(0);
+}
+
+// Every layer's misses, from its host pool into its hot cache, each followed
+// by that layer's ready event.
+void HiSparseMLAIndexGroup::queue_layer_work(Stream& side, const StepCall& call) {
+  const std::int64_t T = call.num_tokens();
   for (const auto& layer : caches_) {
-    gather_hisparse(side, HiSparseGatherTensors{layer->host_pool(), layer->hot_cache(), call.out.swap_host_rows,
-                                                call.out.swap_device_rows, call.out.swap_counts},
+    gather_hisparse(side, HiSparseGatherTensors{layer->host_pool(), layer->hot_cache(), swap_host_rows_.tensor().rows(0, T),
+                                                swap_device_rows_.tensor().rows(0, T), swap_counts_.tensor().rows(0, T)},
                     T);
     layer->ready().record(side);
     ++gathers_;
   }
-  leader_rows_ = T;
-  leader_counted_ = return_valid_counts;
 }
 
+Event& HiSparseMLAIndexGroup::layer_ready(int layer_index) const { return cache(layer_index).ready(); }
+
+// Prefill-sized batches do not fit the decode workspace: their context pages
+// are resident (or were staged), so they convert like plain groups through
+// the resident block table.
+TopkConversion HiSparseMLAIndexGroup::convert_prefill_sized(const StepCall& call) {
+  if (call.batch.hisparse == nullptr || !call.batch.hisparse->resident_block_table.defined()) {
+    fail(where("convert_logical_to_physical_topk"), "a prefill-sized batch (", call.num_tokens(), " rows, workspace ",
+         workspace_rows(), ") needs batch.hisparse->resident_block_table: stage non-resident prefill rows first");
+  }
+  return convert_through(call.compute, call, call.batch.req_id_per_token, call.batch.hisparse->resident_block_table);
+}
+
+// ---- Host mirror, counters ----
+
 void HiSparseMLAIndexGroup::write_rows(int layer_index, Stream& compute, const Tensor& rows, const Tensor& host_row_ids) {
-  check_layer("HiSparseMLAIndexGroup::write_rows", layer_index, compute);
+  check_layer("write_rows", layer_index, compute);
   write_hisparse_rows(compute, rows, host_row_ids, cache(layer_index).host_pool());
 }
 
@@ -238,14 +180,11 @@ void HiSparseMLAIndexGroup::invalidate_rows(Stream& compute, const Tensor& host_
 }
 
 HiSparseCounters HiSparseMLAIndexGroup::counters() {
-  Buffer staging = device().allocate(2 * sizeof(std::int64_t), MemoryKind::host);
-  side_stream().copy_bytes(staging.data(), counters_.data(), 2 * sizeof(std::int64_t));
-  side_stream().synchronize();
-  std::uint64_t hit_miss[2];
-  std::memcpy(hit_miss, staging.data(), sizeof hit_miss);
+  const std::vector<std::int64_t> hit_miss = download<std::int64_t>(side_stream(), counters_);
   std::uint64_t bytes_per_miss = 0;
   for (const auto& layer : caches_) bytes_per_miss += static_cast<std::uint64_t>(layer->row_bytes());
-  return HiSparseCounters{hit_miss[0], hit_miss[1], hit_miss[1] * bytes_per_miss};
+  const auto hits = static_cast<std::uint64_t>(hit_miss[0]), misses = static_cast<std::uint64_t>(hit_miss[1]);
+  return HiSparseCounters{hits, misses, misses * bytes_per_miss};
 }
 
 HiSparseFootprint HiSparseMLAIndexGroup::footprint() const {
@@ -254,9 +193,70 @@ HiSparseFootprint HiSparseMLAIndexGroup::footprint() const {
     total.host_bytes += layer->footprint().host_bytes;
     total.device_bytes += layer->footprint().device_bytes;
   }
-  for (const Buffer& b : buffers_) total.device_bytes += b.bytes();
+  for (const OwnedTensor* t : {&slot_rows_, &lru_, &hot_block_table_, &hot_indices_, &miss_mask_, &swap_host_rows_,
+                               &swap_device_rows_, &swap_counts_, &counters_}) {
+    total.device_bytes += t->buffer().bytes();
+  }
   total.device_bytes += static_cast<std::uint64_t>(workspace_rows() * (top_k() + 1)) * 4;  // physical + valid counts
   return total;
+}
+
+// ---- Prefill ----
+
+OwnedTensor HiSparseMLAIndexGroup::stage_prefill_rows(int layer_index, Stream& compute,
+                                                      const HiSparsePrefillStagingPlan& plan,
+                                                      const Tensor& resident_cache) {
+  check_layer("stage_prefill_rows", layer_index, compute);
+  const std::string w = where("stage_prefill_rows");
+  if (plan.block_size != config_.block_size) {
+    fail(w, "the plan's block size ", plan.block_size, " differs from the group's ", config_.block_size);
+  }
+  HiSparseCacheHandle& layer = cache(layer_index);
+  const std::int64_t rows = plan.num_blocks * plan.block_size;
+  if (plan.row_ids.numel() != rows) fail(w, "the plan has ", plan.row_ids.numel(), " row ids for ", rows, " staged rows");
+  OwnedTensor staged(device(), DType::u8, {plan.num_blocks, plan.block_size, layer.row_bytes()});
+  const Tensor flat = Tensor::of(staged.buffer(), DType::u8, {rows, layer.row_bytes()});
+  stage_hisparse_rows(compute, layer.host_pool(), plan.row_ids, resident_cache,
+                      resident_cache.defined() ? plan.gpu_row_ids : Tensor(), flat);
+  return staged;
+}
+
+Event* HiSparseMLAIndexGroup::gather_fp8_prefill(int layer_index, Stream& compute, const Tensor& source_cache,
+                                                 const Tensor& dst, const Tensor& /*block_table: the plan's*/,
+                                                 const Tensor& workspace_starts, std::int64_t batch_size,
+                                                 const BatchMetadata& batch, std::int64_t request_start,
+                                                 Fp8Format format) {
+  check_layer("gather_fp8_prefill", layer_index, compute);
+  const std::string w = where("gather_fp8_prefill");
+  const HiSparsePrefillStagingPlan* plan = batch.prefill_staging_plan;
+  if (plan == nullptr) fail(w, "batch.prefill_staging_plan is null: HiSparse prefill reads through a staging plan");
+  HiSparseCacheHandle& layer = cache(layer_index);
+  if (layer.row_bytes() != fp8_row_bytes) {
+    fail(w, "layer ", layer_index, " has ", layer.row_bytes(), "-byte rows, not fp8_ds_mla rows (", fp8_row_bytes, " bytes)");
+  }
+  const std::int64_t plan_rows = plan->block_table.defined() ? plan->block_table.dim(0) : 0;
+  if (request_start < 0 || batch_size < 0 || request_start + batch_size > plan_rows) {
+    fail(w, "requests [", request_start, ", ", request_start + batch_size, ") are outside the plan's ", plan_rows, " requests");
+  }
+  Fp8GatherParams params;
+  params.format = format;
+  params.host_cache = layer.host_pool();
+  params.host_row_ids = plan->row_ids;
+  params.device_row_ids = plan->gpu_row_ids;
+  params.block_size = plan->block_size;
+  // Without a resident cache no staged row is read from the device; the hot
+  // cache only stands in as the (unread) device cache argument.
+  const Tensor& device_cache = source_cache.defined() ? source_cache : layer.hot_cache();
+  if (!source_cache.defined()) {
+    for (std::int32_t id : plan->host_gpu_row_ids) {
+      if (id >= 0) fail(w, "the plan has resident rows but source_cache (the resident device cache) is undefined");
+    }
+  }
+  prefill_stream_->wait(compute);
+  gather_upconvert_fp8(*prefill_stream_, device_cache, dst, plan->block_table.rows(request_start, request_start + batch_size),
+                       workspace_starts, batch_size, params);
+  layer.prefill_ready().record(*prefill_stream_);
+  return &layer.prefill_ready();
 }
 
 }  // namespace sparse_mla

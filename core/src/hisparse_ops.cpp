@@ -1,15 +1,12 @@
 #include "sparse_mla/hisparse_ops.hpp"
 
-#include <limits>
-
+#include "kernels.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/kernels.hpp"
 
 namespace sparse_mla {
 
 namespace {
 
-constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
 constexpr std::int32_t max_hot_slots = hisparse_max_hot_slots;  // int16 slot ids; the resolve kernel packs K and H into 15-16 bits
 
 // A block table: int32 [rows, blocks], rows packed, on the device.
@@ -167,7 +164,7 @@ void resolve_hisparse(Stream& stream, const HiSparseResolveInputs& in, const HiS
   a.num_rows = in.logical.dim(0);
   a.top_k = static_cast<std::int32_t>(in.logical.dim(1));
   a.hot_slots = H;
-  device.kernels().resolve_hisparse(stream, a);
+  detail::kernels_of(device).resolve_hisparse(stream, a);
 }
 
 void gather_hisparse(Stream& stream, const HiSparseGatherTensors& t, std::int64_t num_rows) {
@@ -209,7 +206,7 @@ void gather_hisparse(Stream& stream, const HiSparseGatherTensors& t, std::int64_
   a.swap_counts = t.swap_counts.data_as<std::int32_t>();
   a.num_rows = num_rows;
   a.max_swaps = static_cast<std::int32_t>(K);
-  device.kernels().gather_hisparse(stream, a);
+  detail::kernels_of(device).gather_hisparse(stream, a);
 }
 
 void write_hisparse_rows(Stream& stream, const Tensor& rows, const Tensor& host_row_ids, const Tensor& host_pool) {
@@ -227,7 +224,7 @@ void write_hisparse_rows(Stream& stream, const Tensor& rows, const Tensor& host_
   a.host_rows = host_pool.dim(0);
   a.row_bytes = host_pool.dim(1);
   a.num_rows = rows.dim(0);
-  device.kernels().write_hisparse_rows(stream, a);
+  detail::kernels_of(device).write_hisparse_rows(stream, a);
 }
 
 void invalidate_hisparse_slots(Stream& stream, const HiSparseSlotState& state, std::int32_t hot_slots,
@@ -247,7 +244,7 @@ void invalidate_hisparse_slots(Stream& stream, const HiSparseSlotState& state, s
   a.host_row_ids = host_row_ids.data_as<std::int32_t>();
   a.state_rows = state_rows.data_as<std::int32_t>();
   a.num_rows = host_row_ids.dim(0);
-  device.kernels().invalidate_hisparse_slots(stream, a);
+  detail::kernels_of(device).invalidate_hisparse_slots(stream, a);
 }
 
 void stage_hisparse_rows(Stream& stream, const Tensor& host_pool, const Tensor& host_row_ids, const Tensor& resident_cache,
@@ -282,7 +279,7 @@ void stage_hisparse_rows(Stream& stream, const Tensor& host_pool, const Tensor& 
   a.staged = staged.data_as<std::uint8_t>();
   a.row_bytes = row_bytes;
   a.num_rows = n;
-  device.kernels().stage_hisparse_rows(stream, a);
+  detail::kernels_of(device).stage_hisparse_rows(stream, a);
 }
 
 }  // namespace sparse_mla

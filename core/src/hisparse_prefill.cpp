@@ -1,12 +1,8 @@
-// HiSparse prefill (SPEC section 5): the staging plan, the staging copy for
-// unquantised caches and the FP8 gather-upconvert straight from the host pool.
+#include "sparse_mla/hisparse_prefill.hpp"
+
 #include <algorithm>
-#include <cstring>
 
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/hisparse.hpp"
-#include "sparse_mla/hisparse_ops.hpp"
-#include "sparse_mla/ops.hpp"
 
 namespace sparse_mla {
 
@@ -76,80 +72,19 @@ HiSparsePrefillStagingPlan build_hisparse_prefill_staging_plan(Device& device, S
       }
     }
   }
-  // One device buffer: block table, row ids, resident row ids.
-  const std::size_t entries = plan.host_block_table.size() + 2 * rows;
-  Buffer staging = device.allocate(entries * 4, MemoryKind::host);
-  auto* out = staging.as<std::int32_t>();
-  std::copy(plan.host_block_table.begin(), plan.host_block_table.end(), out);
-  std::copy(plan.host_row_ids.begin(), plan.host_row_ids.end(), out + plan.host_block_table.size());
-  std::copy(plan.host_gpu_row_ids.begin(), plan.host_gpu_row_ids.end(), out + plan.host_block_table.size() + rows);
-  plan.storage = device.allocate(entries * 4, MemoryKind::device);
-  stream.copy(plan.storage, 0, staging, 0, entries * 4);
-  stream.synchronize();
-  const Tensor all = Tensor::of(plan.storage, DType::i32, {static_cast<std::int64_t>(entries)});
+  // One device tensor: block table, row ids, resident row ids.
+  std::vector<std::int32_t> packed = plan.host_block_table;
+  packed.insert(packed.end(), plan.host_row_ids.begin(), plan.host_row_ids.end());
+  packed.insert(packed.end(), plan.host_gpu_row_ids.begin(), plan.host_gpu_row_ids.end());
+  const auto entries = static_cast<std::int64_t>(packed.size());
+  if (&stream.device() != &device) fail(plan_where, "the stream belongs to another device than `device`");
+  plan.storage = upload(stream, packed);
+  const Tensor& all = plan.storage;
   const std::int64_t table_entries = static_cast<std::int64_t>(plan.host_block_table.size());
-  plan.block_table = Tensor::of(plan.storage, DType::i32, {P, B});
+  plan.block_table = Tensor::of(plan.storage.buffer(), DType::i32, {P, B});
   plan.row_ids = all.rows(table_entries, table_entries + static_cast<std::int64_t>(rows));
-  plan.gpu_row_ids = all.rows(table_entries + static_cast<std::int64_t>(rows), static_cast<std::int64_t>(entries));
+  plan.gpu_row_ids = all.rows(table_entries + static_cast<std::int64_t>(rows), entries);
   return plan;
-}
-
-HiSparseMLAIndexGroup::StagedCache HiSparseMLAIndexGroup::stage_prefill_rows(int layer_index, Stream& compute,
-                                                                             const HiSparsePrefillStagingPlan& plan,
-                                                                             const Tensor& resident_cache) {
-  constexpr const char* where = "HiSparseMLAIndexGroup::stage_prefill_rows";
-  check_layer(where, layer_index, compute);
-  if (plan.block_size != config_.block_size) {
-    fail(where, "the plan's block size ", plan.block_size, " differs from the group's ", config_.block_size);
-  }
-  HiSparseCacheHandle& layer = cache(layer_index);
-  const std::int64_t rows = plan.num_blocks * plan.block_size;
-  if (plan.row_ids.numel() != rows) fail(where, "the plan has ", plan.row_ids.numel(), " row ids for ", rows, " staged rows");
-  StagedCache staged;
-  staged.storage = device().allocate(static_cast<std::size_t>(rows * layer.row_bytes()), MemoryKind::device);
-  const Tensor flat = Tensor::of(staged.storage, DType::u8, {rows, layer.row_bytes()});
-  stage_hisparse_rows(compute, layer.host_pool(), plan.row_ids, resident_cache,
-                      resident_cache.defined() ? plan.gpu_row_ids : Tensor(), flat);
-  staged.cache = Tensor::of(staged.storage, DType::u8, {plan.num_blocks, plan.block_size, layer.row_bytes()});
-  return staged;
-}
-
-Event* HiSparseMLAIndexGroup::gather_fp8_prefill(int layer_index, Stream& compute, const Tensor& source_cache,
-                                                 const Tensor& dst, const Tensor& /*block_table: the plan's*/,
-                                                 const Tensor& workspace_starts, std::int64_t batch_size,
-                                                 const BatchMetadata& batch, std::int64_t request_start,
-                                                 Fp8Format format) {
-  constexpr const char* where = "HiSparseMLAIndexGroup::gather_fp8_prefill";
-  check_layer(where, layer_index, compute);
-  const HiSparsePrefillStagingPlan* plan = batch.prefill_staging_plan;
-  if (plan == nullptr) fail(where, "batch.prefill_staging_plan is null: HiSparse prefill reads through a staging plan");
-  HiSparseCacheHandle& layer = cache(layer_index);
-  if (layer.row_bytes() != fp8_row_bytes) {
-    fail(where, "layer ", layer_index, " has ", layer.row_bytes(), "-byte rows, not fp8_ds_mla rows (", fp8_row_bytes, " bytes)");
-  }
-  const std::int64_t plan_rows = plan->block_table.defined() ? plan->block_table.dim(0) : 0;
-  if (request_start < 0 || batch_size < 0 || request_start + batch_size > plan_rows) {
-    fail(where, "requests [", request_start, ", ", request_start + batch_size, ") are outside the plan's ", plan_rows, " requests");
-  }
-  Fp8GatherParams params;
-  params.format = format;
-  params.host_cache = layer.host_pool();
-  params.host_row_ids = plan->row_ids;
-  params.device_row_ids = plan->gpu_row_ids;
-  params.block_size = plan->block_size;
-  // Without a resident cache no staged row is read from the device; the hot
-  // cache only stands in as the (unread) device cache argument.
-  const Tensor& device_cache = source_cache.defined() ? source_cache : layer.hot_cache();
-  if (!source_cache.defined()) {
-    for (std::int32_t id : plan->host_gpu_row_ids) {
-      if (id >= 0) fail(where, "the plan has resident rows but source_cache (the resident device cache) is undefined");
-    }
-  }
-  prefill_stream_->wait(compute);
-  gather_upconvert_fp8(*prefill_stream_, device_cache, dst, plan->block_table.rows(request_start, request_start + batch_size),
-                       workspace_starts, batch_size, params);
-  layer.prefill_ready().record(*prefill_stream_);
-  return &layer.prefill_ready();
 }
 
 }  // namespace sparse_mla

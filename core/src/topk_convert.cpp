@@ -1,14 +1,12 @@
-#include <limits>
+#include "sparse_mla/topk_convert.hpp"
 
+#include "kernels.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/kernels.hpp"
-#include "sparse_mla/ops.hpp"
 
 namespace sparse_mla {
 
 namespace {
 constexpr const char* where = "convert_logical_to_physical_topk";
-constexpr std::int64_t int32_max = std::numeric_limits<std::int32_t>::max();
 }  // namespace
 
 void check_logical_to_physical_topk(const Device& device, const Tensor& req_id, const Tensor& block_table,
@@ -59,15 +57,15 @@ TopkConversion convert_logical_to_physical_topk(Stream& stream, const Tensor& re
   if (out.defined()) {
     result.physical = out.rows(0, T);
   } else {
-    result.physical_storage = device.allocate(static_cast<std::size_t>(T * K) * 4, MemoryKind::device);
-    result.physical = Tensor::of(result.physical_storage, DType::i32, {T, K});
+    result.physical_storage = OwnedTensor(device, DType::i32, {T, K});
+    result.physical = result.physical_storage;
   }
   if (params.return_valid_counts) {
     if (valid_counts_out.defined()) {
       result.valid_counts = valid_counts_out.rows(0, T);
     } else {
-      result.valid_counts_storage = device.allocate(static_cast<std::size_t>(T) * 4, MemoryKind::device);
-      result.valid_counts = Tensor::of(result.valid_counts_storage, DType::i32, {T});
+      result.valid_counts_storage = OwnedTensor(device, DType::i32, {T});
+      result.valid_counts = result.valid_counts_storage;
     }
   }
 
@@ -89,7 +87,7 @@ TopkConversion convert_logical_to_physical_topk(Stream& stream, const Tensor& re
     args.workspace_request = params.workspace_request.data_as<std::int32_t>();
     args.workspace_starts = params.workspace_starts.data_as<std::int32_t>();
   }
-  device.kernels().convert_topk(stream, args);
+  detail::kernels_of(device).convert_topk(stream, args);
   return result;
 }
 

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <map>
 
-#include "sparse_mla/kernels.hpp"
+#include "kernels.hpp"
 #include "topk_convert.hpp"
 
 namespace {

@@ -19,10 +19,11 @@
 #include <random>
 #include <vector>
 
-#include "reference/fp8_reference.hpp"
-#include "reference/topk_reference.hpp"
+#include "validation/reference/fp8_reference.hpp"
+#include "validation/reference/topk_reference.hpp"
 #include "sparse_mla/device.hpp"
-#include "sparse_mla/ops.hpp"
+#include "sparse_mla/topk_convert.hpp"
+#include "sparse_mla/fp8_upconvert.hpp"
 
 namespace {
 

@@ -12,8 +12,8 @@
 
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/safetensors.hpp"
-#include "validate.hpp"
+#include "validation/safetensors.hpp"
+#include "validation/cases.hpp"
 
 namespace {
 constexpr std::size_t run_limit = 128 * 1024;  // the -max_len of tools/ci/fuzz.sh
@@ -24,9 +24,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const std::shared_ptr<Device> host = open_device("host");
   try {
     auto file = std::make_shared<const SafetensorsFile>(SafetensorsFile::parse(data, size, "fuzz"));
-    const cli::validation::PreparedCase prepared = cli::validation::prepare_golden_file(file);
+    const validation::PreparedCase prepared = validation::prepare_golden_file(file);
     if (size > run_limit) return 0;
-    const cli::validation::ValidateContext context{*host, std::nullopt};
+    const validation::ValidateContext context{*host, std::nullopt};
     (void)prepared(context);
   } catch (const Error&) {
   }

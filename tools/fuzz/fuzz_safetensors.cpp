@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/safetensors.hpp"
+#include "validation/safetensors.hpp"
 
 namespace {
 

@@ -13,7 +13,6 @@
 #include "commands.hpp"
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/kernels.hpp"
 #include "sparse_mla/kokkos_runtime.hpp"
 
 namespace sparse_mla::cli {
@@ -47,7 +46,7 @@ BackendReport probe(const std::string& backend) {
       break;
     }
     FoundDevice found{device->info(), ""};
-    found.kernels = device->has_kernels() ? device->kernels().execution_space()
+    found.kernels = device->has_kernels() ? device->execution_space()
                                           : "none (this build has only the native layer: its Kokkos lacks this backend)";
     report.devices.push_back(std::move(found));
   }

@@ -22,6 +22,9 @@ class Device;
 class Event;
 class Kernels;
 class Stream;
+namespace detail {
+const Kernels& kernels_of(const Device& device);
+}
 
 enum class MemoryKind : std::uint8_t {
   device,       // device memory (cudaMalloc / hipMalloc; aligned host memory on the host backend)
@@ -160,10 +163,12 @@ class Device : public std::enable_shared_from_this<Device> {
   // Ordering-only events unless `timing` is set (timing costs on GPUs).
   virtual std::unique_ptr<Event> create_event(bool timing = false) = 0;
 
-  // The kernels compiled for this backend. Throws when this build has none
-  // (a CUDA or HIP native layer built without a GPU-enabled Kokkos).
-  const Kernels& kernels() const;
+  // Whether this build has kernels for this backend (a CUDA or HIP native
+  // layer built without a GPU-enabled Kokkos has none: its operations throw).
   bool has_kernels() const { return kernels_ != nullptr; }
+  // The Kokkos execution space the kernels run on ("Serial", "Cuda", "HIP").
+  // Throws like every operation when this build has no kernels.
+  std::string execution_space() const;
   // Whether kernels of this device may read or write memory of `kind`.
   bool kernel_accessible(MemoryKind kind) const { return kind != MemoryKind::host || backend() == Backend::host; }
 
@@ -175,6 +180,10 @@ class Device : public std::enable_shared_from_this<Device> {
 
  private:
   friend class Buffer;
+  // The kernel layer (core/kernels/kernels.hpp) is private to the library:
+  // its operations reach it through detail::kernels_of.
+  friend const Kernels& detail::kernels_of(const Device& device);
+  const Kernels& kernels() const;
   const Kernels* kernels_;
 };
 

@@ -11,6 +11,11 @@
 
 namespace sparse_mla {
 
+// The most hot slots a request may have: slot ids are int16 in the LRU, and
+// the resolve kernel's scratch packs entry indices, slots and miss numbers in
+// 15 or 16 bits (top_k <= hot_slots <= this).
+inline constexpr std::int32_t hisparse_max_hot_slots = 32768;
+
 // Where the rows of one selection live. Batch-row indexed: logical,
 // request_ids, request_state_indices, hot_block_table.
 struct HiSparseResolveInputs {

@@ -2,16 +2,17 @@
 // result convert its logical top-k to physical KV-cache rows once per group
 // per decode step, on the group's side stream, instead of once per layer.
 //
-// Mirrors the reference's SparseMLAIndexGroup and SparseMLAIndexGroupBuilder
-// method for method. C++ has no "current stream", so every per-step method
-// takes the compute stream explicitly. docs/index_groups.md walks through
-// one decode step.
+// Mirrors the reference's SparseMLAIndexGroup method for method. C++ has no
+// "current stream", so every per-step method takes the compute stream
+// explicitly. docs/index_groups.md walks through one decode step.
 //
-// Extension point (HiSparse, SPEC section 5): HiSparseMLAIndexGroup derives
-// from SparseMLAIndexGroup and overrides the virtual per-layer methods; the
-// builder creates it in SparseMLAIndexGroupBuilder::create_group, the one
-// place that decides a new group's class, when the LayerConfig carries a
-// HiSparse configuration.
+// The decode protocol is written once, here: the checks, the leader's join
+// of the side stream, its bookkeeping, the followers' checks, every layer's
+// wait and the workspace views. A derived group (HiSparse, SPEC section 5:
+// sparse_mla/hisparse_group.hpp) changes only what the leader does on the
+// side stream and which event a layer waits on, through the protected hooks.
+// SparseMLAIndexGroupBuilder (sparse_mla/index_group_builder.hpp) decides a
+// new group's class.
 //
 // Threading: one host thread drives a group (like the engine's forward pass).
 // Lifetimes: the group's side stream and events must outlive the work queued
@@ -22,13 +23,13 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "sparse_mla/batch.hpp"
 #include "sparse_mla/device.hpp"
+#include "sparse_mla/fp8_upconvert.hpp"
 #include "sparse_mla/hisparse_config.hpp"
-#include "sparse_mla/ops.hpp"
 #include "sparse_mla/tensor.hpp"
+#include "sparse_mla/topk_convert.hpp"
 
 namespace sparse_mla {
 
@@ -38,8 +39,8 @@ namespace sparse_mla {
 struct LayerConfig {
   std::int64_t head_size = 0;
   std::string kv_cache_dtype;  // "fp8_ds_mla", "bfloat16", ...
-  // Set: the builder creates HiSparse groups (sparse_mla/hisparse.hpp) with
-  // this configuration.
+  // Set: the builder creates HiSparse groups (sparse_mla/hisparse_group.hpp)
+  // with this configuration.
   std::optional<HiSparseConfig> hisparse;
 };
 
@@ -69,29 +70,30 @@ class SparseMLAIndexGroup {
   // Step 1: the leader of a group with an indexer records logical_topk_ready
   // on `compute` (after the indexer's writes), except in piecewise capture
   // mode. Other layers: nothing.
-  virtual void set_logical_topk_ready(int layer_index, Stream& compute);
+  void set_logical_topk_ready(int layer_index, Stream& compute);
 
-  // Step 2: nothing for plain groups (HiSparse: the leader prepares the
-  // group's caches).
+  // Step 2: nothing for plain groups (HiSparse: the leader checks the step's
+  // tables).
   virtual void prepare_for_batch(int layer_index, const BatchMetadata& batch, Stream& compute);
 
   // Step 3: physical rows for `logical_topk` (int32 [T, K], at most max_tokens
   // rows: normally the first T rows of the logical top-k buffer).
   // Decode-sized (T <= max_decode_rows + 1): the leader converts once on the
-  // side stream into the workspace; every layer makes `compute` wait for
-  // physical_topk_ready and gets views of the workspace's first T rows.
+  // side stream into the workspace; every layer makes `compute` wait for its
+  // ready event and gets views of the workspace's first T rows.
   // Prefill-sized: converts on `compute` into fresh buffers, every call.
   // block_stride_rows 0 means batch.block_size. valid_counts is defined only
   // when return_valid_counts is set. A prefill-sized result owns its buffers:
   // keep it until the compute stream has read them.
-  [[nodiscard]] virtual TopkConversion convert_logical_to_physical_topk(int layer_index, Stream& compute,
-                                                          const Tensor& logical_topk, const BatchMetadata& batch,
-                                                          std::int64_t block_stride_rows, bool return_valid_counts);
+  [[nodiscard]] TopkConversion convert_logical_to_physical_topk(int layer_index, Stream& compute,
+                                                                const Tensor& logical_topk, const BatchMetadata& batch,
+                                                                std::int64_t block_stride_rows,
+                                                                bool return_valid_counts);
 
   // Step 4, FP8 prefill: the gather-upconvert of SPEC section 3 (the
-  // arguments of gather_upconvert_fp8 in ops.hpp). Plain groups run it on
-  // `compute` and return nullptr: no event to wait on. HiSparse groups run it
-  // on their prefill stream from the staging plan (batch,
+  // arguments of gather_upconvert_fp8 in fp8_upconvert.hpp). Plain groups run
+  // it on `compute` and return nullptr: no event to wait on. HiSparse groups
+  // run it on their prefill stream from the staging plan (batch,
   // request_start) and return the layer's prefill-ready event, which the
   // caller waits on before prefill attention.
   virtual Event* gather_fp8_prefill(int layer_index, Stream& compute, const Tensor& source_cache, const Tensor& dst,
@@ -122,23 +124,66 @@ class SparseMLAIndexGroup {
   Event& logical_topk_ready() const { return *logical_topk_ready_; }
   Event& physical_topk_ready() const { return *physical_topk_ready_; }
 
+  // Throws unless `buffer` can be a group's logical top-k buffer (int32
+  // [max_tokens, K], rows packed, on `device`, 1 <= K < 2^31).
+  static void check_logical_topk_buffer(const char* where, const Tensor& buffer, const Device& device);
+
  protected:
-  // The reference's _convert_once: the conversion with explicit tables, for
-  // derived groups that take them from elsewhere (HiSparse prefill).
-  [[nodiscard]] TopkConversion convert_once(int layer_index, Stream& compute, const Tensor& logical_topk,
-                              const Tensor& req_id_per_token, const Tensor& block_table, std::int32_t block_size,
-                              std::int64_t block_stride_rows, bool return_valid_counts);
+  // One call of step 3, as the protocol and its hooks see it.
+  struct StepCall {
+    int layer_index;
+    Stream& compute;
+    const Tensor& logical_topk;
+    const BatchMetadata& batch;
+    std::int64_t block_stride_rows;
+    bool return_valid_counts;
+
+    std::int64_t num_tokens() const { return logical_topk.dim(0); }
+    bool leader() const { return layer_index == 0; }
+  };
+
+  // ---- Hooks of the decode protocol (the defaults are the plain group's) ----
+  // Every check of a decode-sized call (each layer's, leader or follower),
+  // before anything is queued. Default: the conversion's checks.
+  virtual void check_decode_step(const StepCall& call) const;
+  // The leader's conversion on the side stream, after the side stream has
+  // joined the compute stream; physical_topk_ready is recorded after it.
+  // Default: the top-k conversion into the workspace.
+  virtual void queue_conversion(Stream& side, const StepCall& call);
+  // The leader's per-layer work on the side stream after the conversion.
+  // Default: nothing (HiSparse: each layer's row gather and ready event).
+  virtual void queue_layer_work(Stream& side, const StepCall& call);
+  // The event layer `layer_index` waits on before it reads the workspace.
+  // Default: physical_topk_ready.
+  virtual Event& layer_ready(int layer_index) const;
+  // A prefill-sized call. Default: the conversion through the batch's
+  // block table on the compute stream.
+  virtual TopkConversion convert_prefill_sized(const StepCall& call);
+
+  // The conversion of `call`'s logical top-k through explicit tables, on
+  // `stream` into `out`/`valid_counts_out` (or fresh buffers when undefined):
+  // the reference's _convert_once, for derived groups that take the tables
+  // from elsewhere (HiSparse prefill through the resident table).
+  TopkConversion convert_through(Stream& stream, const StepCall& call, const Tensor& req_id_per_token,
+                                 const Tensor& block_table, const Tensor& out = Tensor(),
+                                 const Tensor& valid_counts_out = Tensor());
+  // Its checks, queueing nothing.
+  void check_convert_through(const StepCall& call, const Tensor& req_id_per_token, const Tensor& block_table,
+                             const Tensor& out = Tensor(), const Tensor& valid_counts_out = Tensor()) const;
   // Throws unless `layer_index` is a registered layer and `compute` is a
   // stream of this group's device.
-  void check_layer(const char* where, int layer_index, const Stream& compute) const;
+  void check_layer(const char* method, int layer_index, const Stream& compute) const;
+  // "SparseMLAIndexGroup::<method>", "HiSparseMLAIndexGroup::<method>": where errors say they come from.
+  std::string where(const char* method) const;
+  virtual const char* class_name() const { return "SparseMLAIndexGroup"; }
+  // What the leader's step does, as errors name it ("converted", "resolved").
+  virtual const char* leader_work() const { return "converted"; }
 
  private:
-  struct Conversion;  // one convert_once call's arguments
-  void check_conversion(const Conversion& c) const;
-  void check_follower(const Conversion& c) const;
-  TopkConversion convert_prefill_sized(const Conversion& c);
+  void check_step(const StepCall& call) const;
+  void check_follower(const StepCall& call) const;
+  void lead(const StepCall& call);
   void join_side_stream(Stream& compute);
-  void convert_for_group(const Conversion& c);
   TopkConversion workspace_rows_view(std::int64_t num_tokens, bool return_valid_counts) const;
 
   std::shared_ptr<Device> device_;
@@ -148,53 +193,15 @@ class SparseMLAIndexGroup {
   bool piecewise_capture_ = false;
   int num_layers_ = 0;
   ConversionCounts counts_;
-  // What the leader's last decode-sized conversion produced, so that a
-  // follower asking for other rows is refused instead of reading stale ones.
+  // What the leader's last decode-sized step produced, so that a follower
+  // asking for other rows is refused instead of reading stale ones.
   std::int64_t leader_rows_ = -1;
   bool leader_counted_ = false;
-  Buffer physical_storage_;
-  Buffer valid_counts_storage_;
-  Tensor physical_workspace_;
-  Tensor valid_counts_workspace_;
+  OwnedTensor physical_workspace_;
+  OwnedTensor valid_counts_workspace_;
   std::unique_ptr<Event> logical_topk_ready_;
   std::unique_ptr<Event> physical_topk_ready_;
   std::unique_ptr<Stream> side_stream_;  // declared last: destroyed first, draining its work
-};
-
-// Where register_layer put a layer.
-struct LayerRegistration {
-  std::shared_ptr<SparseMLAIndexGroup> group;
-  int index_in_group = 0;
-};
-
-class SparseMLAIndexGroupBuilder {
- public:
-  // `logical_topk_buffer`: int32 [max_tokens, K] on `device`. Decode-sized
-  // batches have at most max_decode_rows + 1 rows; without a value,
-  // max_decode_rows is max_tokens (the reference's None).
-  SparseMLAIndexGroupBuilder(std::shared_ptr<Device> device, const Tensor& logical_topk_buffer,
-                             std::optional<std::int64_t> max_decode_rows = std::nullopt);
-
-  // Starts a new group when the layer produces indices or when there is no
-  // group yet (then the group has no indexer), and adds the layer to it.
-  LayerRegistration register_layer(bool is_index_producing_layer, const LayerConfig& config = {});
-
-  // Every group created so far, in layer order.
-  const std::vector<std::shared_ptr<SparseMLAIndexGroup>>& groups() const { return groups_; }
-  // Sets piecewise capture mode on every group, present and future.
-  void set_piecewise_capture(bool enabled);
-  std::int64_t max_decode_rows() const { return max_decode_rows_; }
-
- private:
-  // The one place that decides a new group's class (HiSparse: see the top of
-  // this file).
-  std::shared_ptr<SparseMLAIndexGroup> create_group(bool has_indexer, const LayerConfig& config);
-
-  std::shared_ptr<Device> device_;
-  Tensor logical_topk_buffer_;
-  std::int64_t max_decode_rows_;
-  bool piecewise_capture_ = false;
-  std::vector<std::shared_ptr<SparseMLAIndexGroup>> groups_;
 };
 
 }  // namespace sparse_mla

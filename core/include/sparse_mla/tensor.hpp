@@ -17,6 +17,10 @@
 
 namespace sparse_mla {
 
+// The largest int32: sizes, strides and indices the kernels take as int32
+// are checked against it.
+inline constexpr std::int64_t int32_max = 2147483647;
+
 class Tensor {
  public:
   static constexpr int max_rank = 4;
@@ -112,6 +116,7 @@ class OwnedTensor {
   const Buffer& buffer() const { return buffer_; }
   Buffer& buffer() { return buffer_; }
   bool defined() const { return tensor_.defined(); }
+  explicit operator bool() const { return defined(); }
   void* data() const { return tensor_.data(); }
   template <class T>
   T* data_as() const { return tensor_.data_as<T>(); }

@@ -9,7 +9,8 @@
 #include "bench_case.hpp"
 #include "bench_data.hpp"
 #include "bench_topk_inputs.hpp"
-#include "sparse_mla/ops.hpp"
+#include "sparse_mla/topk_convert.hpp"
+#include "sparse_mla/fp8_upconvert.hpp"
 
 namespace sparse_mla::cli {
 

@@ -1,4 +1,4 @@
-#include "sparse_mla/safetensors.hpp"
+#include "validation/safetensors.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -232,8 +232,9 @@ json parse_json_strict(const std::uint8_t* p, std::size_t size, const std::strin
   return root;
 }
 
-Layout parse_header(const std::uint8_t* header, std::size_t header_size, std::uint64_t data_size,
-                    const std::string& origin) {
+// Stage 1: the header's bytes are JSON text (UTF-8, no NUL, no byte-order
+// mark, not nested too deep), parsed strictly into an object.
+json parse_header_json(const std::uint8_t* header, std::size_t header_size, const std::string& origin) {
   const std::size_t bad = utf8_error_at(header, header_size);
   if (bad != header_size) {
     std::ostringstream why;
@@ -253,134 +254,168 @@ Layout parse_header(const std::uint8_t* header, std::size_t header_size, std::ui
   if (json_depth(header, header_size) > SafetensorsFile::kMaxHeaderDepth) {
     fail(origin, "header nests JSON deeper than ", SafetensorsFile::kMaxHeaderDepth, " levels");
   }
-  const json root = parse_json_strict(header, header_size, origin);
+  json root = parse_json_strict(header, header_size, origin);
   if (!root.is_object()) fail(origin, "header is not a JSON object (it is ", root.type_name(), ")");
+  return root;
+}
 
-  Layout layout;
-  for (const auto& [name, value] : root.items()) {
-    if (name == "__metadata__") {
-      if (!value.is_object()) {
-        fail(origin, "'__metadata__' is not an object of strings (it is ", value.type_name(), ")");
-      }
-      for (const auto& [key, v] : value.items()) {
-        if (!v.is_string()) {
-          fail(origin, "metadata key ", quote(key), " is not a string (", v.type_name(), " ", show(v),
-               ")");
-        }
-        layout.metadata.emplace(key, v.get<std::string>());
-      }
-      continue;
-    }
-    const std::string t = tensor_label(name);
-    if (name.empty()) fail(origin, "header has a tensor with an empty name");
-    if (!value.is_object()) fail(origin, t, ": entry is not an object (it is ", show(value), ")");
-    for (const auto& [key, v] : value.items()) {
-      (void)v;
-      if (key != "dtype" && key != "shape" && key != "data_offsets") {
-        fail(origin, t, ": unknown key ", quote(key), " (allowed: dtype, shape, data_offsets)");
-      }
-    }
-    for (const char* key : {"dtype", "shape", "data_offsets"}) {
-      if (!value.contains(key)) fail(origin, t, ": missing '", key, "'");
-    }
-
-    Entry e;
-    e.name = name;
-    const json& dt = value.at("dtype");
-    if (!dt.is_string()) fail(origin, t, ": dtype is not a string (", show(dt), ")");
-    if (!parse_dtype(dt.get<std::string>(), e.dtype)) {
-      fail(origin, t, ": unknown dtype ", quote(dt.get<std::string>()),
-           " (supported: I32, I16, U8, BF16, F32, I64)");
-    }
-
-    const json& sh = value.at("shape");
-    if (!sh.is_array()) fail(origin, t, ": shape is not an array (", show(sh), ")");
-    for (std::size_t i = 0; i < sh.size(); ++i) {
-      std::uint64_t d = 0;
-      switch (json_nonneg_int(sh[i], d)) {
-        case IntCheck::ok:
-          break;
-        case IntCheck::negative:
-          fail(origin, t, ": negative dimension shape[", i, "] = ", show(sh[i]), " in shape ", show(sh));
-        case IntCheck::not_integer:
-          fail(origin, t, ": shape[", i, "] = ", show(sh[i]), " is not an integer");
-        case IntCheck::too_large:
-          fail(origin, t, ": shape[", i, "] = ", show(sh[i]), " overflows int64");
-      }
-      e.shape.push_back(static_cast<std::int64_t>(d));
-    }
-    std::int64_t numel = 0;
-    if (!checked_numel(e.shape, numel)) {
-      fail(origin, t, ": shape ", show(sh), " has more elements than int64 can count (shape product overflow)");
-    }
-    std::uint64_t need = 0;
-    if (!checked_bytes(numel, e.dtype, need)) {
-      fail(origin, t, ": byte count of shape ", show(sh), " of ", dtype_name(e.dtype),
-           " overflows int64 (", numel, " elements)");
-    }
-
-    const json& off = value.at("data_offsets");
-    if (!off.is_array() || off.size() != 2) {
-      fail(origin, t, ": data_offsets is not an array of two integers (", show(off), ")");
-    }
-    std::uint64_t be[2] = {0, 0};
-    for (std::size_t i = 0; i < 2; ++i) {
-      switch (json_nonneg_int(off[i], be[i])) {
-        case IntCheck::ok:
-          break;
-        case IntCheck::negative:
-          fail(origin, t, ": data_offsets ", show(off), " has a negative offset");
-        case IntCheck::not_integer:
-          fail(origin, t, ": data_offsets ", show(off), " is not two integers");
-        case IntCheck::too_large:
-          fail(origin, t, ": data_offsets ", show(off), " overflows int64");
-      }
-    }
-    e.begin = be[0];
-    e.end = be[1];
-    if (e.begin > e.end) {
-      fail(origin, t, ": data_offsets ", show(off), " are reversed (begin > end)");
-    }
-    if (e.end > data_size) {
-      fail(origin, t, ": data_offsets ", show(off), " end past the data section (", data_size,
-           " bytes)");
-    }
-    if (e.end - e.begin != need) {
-      fail(origin, t, ": data_offsets ", show(off), " hold ", e.end - e.begin, " bytes but shape ",
-           show(sh), " of ", dtype_name(e.dtype), " needs ", need, " bytes");
-    }
-    layout.entries.push_back(std::move(e));
+// Stage 2a: the "__metadata__" entry, an object of strings.
+void parse_metadata(const json& value, const std::string& origin, std::map<std::string, std::string>& metadata) {
+  if (!value.is_object()) {
+    fail(origin, "'__metadata__' is not an object of strings (it is ", value.type_name(), ")");
   }
+  for (const auto& [key, v] : value.items()) {
+    if (!v.is_string()) {
+      fail(origin, "metadata key ", quote(key), " is not a string (", v.type_name(), " ", show(v), ")");
+    }
+    metadata.emplace(key, v.get<std::string>());
+  }
+}
 
-  // Coverage: the tensors tile the data section exactly, in offset order.
-  std::sort(layout.entries.begin(), layout.entries.end(), [](const Entry& a, const Entry& b) {
+// Stage 2b: one tensor entry has exactly the keys dtype, shape, data_offsets.
+void check_entry_keys(const json& value, const std::string& t, const std::string& origin) {
+  if (!value.is_object()) fail(origin, t, ": entry is not an object (it is ", show(value), ")");
+  for (const auto& [key, v] : value.items()) {
+    (void)v;
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      fail(origin, t, ": unknown key ", quote(key), " (allowed: dtype, shape, data_offsets)");
+    }
+  }
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!value.contains(key)) fail(origin, t, ": missing '", key, "'");
+  }
+}
+
+DType parse_entry_dtype(const json& dt, const std::string& t, const std::string& origin) {
+  if (!dt.is_string()) fail(origin, t, ": dtype is not a string (", show(dt), ")");
+  DType dtype{};
+  if (!parse_dtype(dt.get<std::string>(), dtype)) {
+    fail(origin, t, ": unknown dtype ", quote(dt.get<std::string>()), " (supported: I32, I16, U8, BF16, F32, I64)");
+  }
+  return dtype;
+}
+
+// The shape, and the bytes it needs in `dtype` (both checked against overflow).
+std::vector<std::int64_t> parse_entry_shape(const json& sh, DType dtype, const std::string& t, const std::string& origin,
+                                            std::uint64_t& need) {
+  if (!sh.is_array()) fail(origin, t, ": shape is not an array (", show(sh), ")");
+  std::vector<std::int64_t> shape;
+  for (std::size_t i = 0; i < sh.size(); ++i) {
+    std::uint64_t d = 0;
+    switch (json_nonneg_int(sh[i], d)) {
+      case IntCheck::ok:
+        break;
+      case IntCheck::negative:
+        fail(origin, t, ": negative dimension shape[", i, "] = ", show(sh[i]), " in shape ", show(sh));
+      case IntCheck::not_integer:
+        fail(origin, t, ": shape[", i, "] = ", show(sh[i]), " is not an integer");
+      case IntCheck::too_large:
+        fail(origin, t, ": shape[", i, "] = ", show(sh[i]), " overflows int64");
+    }
+    shape.push_back(static_cast<std::int64_t>(d));
+  }
+  std::int64_t numel = 0;
+  if (!checked_numel(shape, numel)) {
+    fail(origin, t, ": shape ", show(sh), " has more elements than int64 can count (shape product overflow)");
+  }
+  if (!checked_bytes(numel, dtype, need)) {
+    fail(origin, t, ": byte count of shape ", show(sh), " of ", dtype_name(dtype), " overflows int64 (", numel,
+         " elements)");
+  }
+  return shape;
+}
+
+// [begin, end) inside the data section, holding exactly `need` bytes.
+void parse_entry_offsets(const json& off, const json& sh, std::uint64_t need, std::uint64_t data_size, Entry& e,
+                         const std::string& t, const std::string& origin) {
+  if (!off.is_array() || off.size() != 2) {
+    fail(origin, t, ": data_offsets is not an array of two integers (", show(off), ")");
+  }
+  std::uint64_t be[2] = {0, 0};
+  for (std::size_t i = 0; i < 2; ++i) {
+    switch (json_nonneg_int(off[i], be[i])) {
+      case IntCheck::ok:
+        break;
+      case IntCheck::negative:
+        fail(origin, t, ": data_offsets ", show(off), " has a negative offset");
+      case IntCheck::not_integer:
+        fail(origin, t, ": data_offsets ", show(off), " is not two integers");
+      case IntCheck::too_large:
+        fail(origin, t, ": data_offsets ", show(off), " overflows int64");
+    }
+  }
+  e.begin = be[0];
+  e.end = be[1];
+  if (e.begin > e.end) {
+    fail(origin, t, ": data_offsets ", show(off), " are reversed (begin > end)");
+  }
+  if (e.end > data_size) {
+    fail(origin, t, ": data_offsets ", show(off), " end past the data section (", data_size, " bytes)");
+  }
+  if (e.end - e.begin != need) {
+    fail(origin, t, ": data_offsets ", show(off), " hold ", e.end - e.begin, " bytes but shape ", show(sh), " of ",
+         dtype_name(e.dtype), " needs ", need, " bytes");
+  }
+}
+
+// Stage 2: one tensor entry, validated.
+Entry parse_entry(const std::string& name, const json& value, std::uint64_t data_size, const std::string& origin) {
+  const std::string t = tensor_label(name);
+  if (name.empty()) fail(origin, "header has a tensor with an empty name");
+  check_entry_keys(value, t, origin);
+  Entry e;
+  e.name = name;
+  e.dtype = parse_entry_dtype(value.at("dtype"), t, origin);
+  std::uint64_t need = 0;
+  e.shape = parse_entry_shape(value.at("shape"), e.dtype, t, origin, need);
+  parse_entry_offsets(value.at("data_offsets"), value.at("shape"), need, data_size, e, t, origin);
+  return e;
+}
+
+// Stage 3: the tensors tile the data section exactly, in offset order.
+void check_coverage(std::vector<Entry>& entries, std::uint64_t data_size, const std::string& origin) {
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
   std::uint64_t at = 0;
   const Entry* prev = nullptr;
-  for (const Entry& e : layout.entries) {
+  for (const Entry& e : entries) {
     if (e.begin < at) {
-      fail(origin, "tensors ", quote(prev->name), " [", prev->begin, ", ", prev->end, "] and ",
-           quote(e.name), " [", e.begin, ", ", e.end, "] overlap");
+      fail(origin, "tensors ", quote(prev->name), " [", prev->begin, ", ", prev->end, "] and ", quote(e.name), " [",
+           e.begin, ", ", e.end, "] overlap");
     }
     if (e.begin > at) {
       if (prev) {
-        fail(origin, "gap of ", e.begin - at, " bytes between tensor ", quote(prev->name),
-             " (ends at ", at, ") and tensor ", quote(e.name), " (begins at ", e.begin, ")");
+        fail(origin, "gap of ", e.begin - at, " bytes between tensor ", quote(prev->name), " (ends at ", at,
+             ") and tensor ", quote(e.name), " (begins at ", e.begin, ")");
       }
-      fail(origin, "gap of ", e.begin, " bytes before the first tensor ", quote(e.name),
-           " (begins at ", e.begin, ", not 0)");
+      fail(origin, "gap of ", e.begin, " bytes before the first tensor ", quote(e.name), " (begins at ", e.begin,
+           ", not 0)");
     }
     at = e.end;
     prev = &e;
   }
   if (at != data_size) {
     if (prev) {
-      fail(origin, data_size - at, " unused bytes after the last tensor ", quote(prev->name),
-           " (ends at ", at, ", data section is ", data_size, " bytes)");
+      fail(origin, data_size - at, " unused bytes after the last tensor ", quote(prev->name), " (ends at ", at,
+           ", data section is ", data_size, " bytes)");
     }
     fail(origin, "data section has ", data_size, " bytes but the header lists no tensors");
   }
+}
+
+Layout parse_header(const std::uint8_t* header, std::size_t header_size, std::uint64_t data_size,
+                    const std::string& origin) {
+  const json root = parse_header_json(header, header_size, origin);
+  Layout layout;
+  for (const auto& [name, value] : root.items()) {
+    if (name == "__metadata__") {
+      parse_metadata(value, origin, layout.metadata);
+    } else {
+      layout.entries.push_back(parse_entry(name, value, data_size, origin));
+    }
+  }
+  check_coverage(layout.entries, data_size, origin);
   return layout;
 }
 

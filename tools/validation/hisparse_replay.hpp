@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "sparse_mla/device.hpp"
-#include "sparse_mla/safetensors.hpp"
+#include "validation/safetensors.hpp"
 
 namespace sparse_mla {
 

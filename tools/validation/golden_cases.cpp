@@ -1,13 +1,13 @@
 // The kind -> handler table of `validate --golden`, and what the handlers
 // share.
-#include "golden_cases.hpp"
+#include "validation/golden_cases.hpp"
 
 #include <sstream>
 
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/hisparse_replay.hpp"
+#include "validation/hisparse_replay.hpp"
 
-namespace sparse_mla::cli::validation {
+namespace sparse_mla::validation {
 
 const std::map<std::string, GoldenHandler>& golden_handlers() {
   static const std::map<std::string, GoldenHandler> handlers = {
@@ -38,41 +38,6 @@ std::string MismatchLog::position(const std::vector<std::int64_t>& shape, std::i
   return index_string(shape, flat);
 }
 
-// ---- DeviceScratch ----
-
-Tensor DeviceScratch::keep(Buffer buffer, DType dtype, const std::vector<std::int64_t>& shape) {
-  buffers_.push_back(std::move(buffer));
-  return Tensor::of(buffers_.back(), dtype, shape);
-}
-
-Tensor DeviceScratch::upload(const TensorRecord& record) {
-  const std::size_t bytes = record.bytes.size();
-  Buffer staging = device_.allocate(bytes, MemoryKind::host);
-  if (bytes) std::memcpy(staging.data(), record.bytes.data(), bytes);
-  Buffer buffer = device_.allocate(bytes, MemoryKind::device);
-  stream_->copy(buffer, 0, staging, 0, bytes);
-  stream_->synchronize();
-  return keep(std::move(buffer), record.dtype, record.shape);
-}
-
-Tensor DeviceScratch::filled(DType dtype, const std::vector<std::int64_t>& shape, std::uint8_t byte) {
-  std::size_t bytes = dtype_size(dtype);
-  for (std::int64_t d : shape) bytes *= static_cast<std::size_t>(d);
-  Buffer buffer = device_.allocate(bytes, MemoryKind::device);
-  stream_->fill(buffer, 0, byte, bytes);
-  return keep(std::move(buffer), dtype, shape);
-}
-
-std::vector<std::uint8_t> DeviceScratch::download(const Tensor& tensor) {
-  const std::size_t bytes = static_cast<std::size_t>(tensor.numel()) * tensor.element_size();
-  Buffer staging = device_.allocate(bytes, MemoryKind::host);
-  if (bytes) stream_->copy_bytes(staging.data(), tensor.data(), bytes);
-  stream_->synchronize();
-  std::vector<std::uint8_t> out(bytes);
-  if (bytes) std::memcpy(out.data(), staging.data(), bytes);
-  return out;
-}
-
 // ---- hisparse_sequence: the HiSparse replay (core/src/hisparse_replay.cpp) ----
 
 PreparedCase prepare_hisparse_sequence(std::shared_ptr<const SafetensorsFile> file) {
@@ -93,4 +58,4 @@ PreparedCase prepare_hisparse_sequence(std::shared_ptr<const SafetensorsFile> fi
   };
 }
 
-}  // namespace sparse_mla::cli::validation
+}  // namespace sparse_mla::validation

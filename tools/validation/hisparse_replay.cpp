@@ -1,4 +1,4 @@
-#include "sparse_mla/hisparse_replay.hpp"
+#include "validation/hisparse_replay.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -7,7 +7,7 @@
 
 #include "sparse_mla/error.hpp"
 #include "sparse_mla/hisparse_ops.hpp"
-#include "sparse_mla/kernels.hpp"
+#include "validation/device_scratch.hpp"
 #include "sparse_mla/tensor.hpp"
 
 namespace sparse_mla {
@@ -56,7 +56,7 @@ void check_lru_rows(const SafetensorsFile& file, const TensorRecord& lru, std::i
 
 class Replay {
  public:
-  Replay(Device& device, const SafetensorsFile& file) : device_(device), file_(file), stream_(device.create_stream()) {}
+  Replay(Device& device, const SafetensorsFile& file) : device_(device), file_(file), scratch_(device) {}
 
   HiSparseReplay run() {
     read_dimensions();
@@ -136,8 +136,8 @@ class Replay {
     for (const Tensor* t : {&swap_host_, &swap_device_}) poison(*t, poison_swap);
     const HiSparseResolveOutputs out{hot_indices_, attention_, resolved_, miss_mask_, swap_host_,
                                      swap_device_, valid_counts_, swap_counts_, counters_};
-    resolve_hisparse(*stream_, in, HiSparseSlotState{slot_rows_, lru_}, static_cast<std::int32_t>(H_), out);
-    gather_hisparse(*stream_, HiSparseGatherTensors{host_pool_, hot_cache_, swap_host_, swap_device_, swap_counts_}, rows_);
+    resolve_hisparse(scratch_.stream(), in, HiSparseSlotState{slot_rows_, lru_}, static_cast<std::int32_t>(H_), out);
+    gather_hisparse(scratch_.stream(), HiSparseGatherTensors{host_pool_, hot_cache_, swap_host_, swap_device_, swap_counts_}, rows_);
 
     const std::int32_t* states = file_.tensor(p + "request_state_indices").data<std::int32_t>();
     const std::int32_t* counts = file_.require(p + "swap_counts", DType::i32, {rows_}).data<std::int32_t>();
@@ -197,46 +197,20 @@ class Replay {
     result_.checks.push_back(check);
   }
 
-  Tensor upload(const TensorRecord& record, MemoryKind kind = MemoryKind::device) {
-    Buffer staging = device_.allocate(record.bytes.size(), MemoryKind::host);
-    if (!record.bytes.empty()) std::memcpy(staging.data(), record.bytes.data(), record.bytes.size());
-    buffers_.push_back(device_.allocate(record.bytes.size(), kind));
-    stream_->copy(buffers_.back(), 0, staging, 0, record.bytes.size());
-    stream_->synchronize();
-    return Tensor::of(buffers_.back(), record.dtype, record.shape);
-  }
-
-  Tensor allocate(DType dtype, const std::vector<std::int64_t>& shape) {
-    std::size_t bytes = dtype_size(dtype);
-    for (std::int64_t d : shape) bytes *= static_cast<std::size_t>(d);
-    buffers_.push_back(device_.allocate(bytes, MemoryKind::device));
-    return Tensor::of(buffers_.back(), dtype, shape);
-  }
-
-  void poison(const Tensor& t, std::int32_t value) {
-    device_.kernels().fill_i32(*stream_, FillI32Args{t.data_as<std::int32_t>(), t.numel(), value});
-  }
-
-  std::vector<std::uint8_t> download(const Tensor& t) {
-    const std::size_t bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
-    Buffer staging = device_.allocate(bytes, MemoryKind::host);
-    if (bytes) stream_->copy_bytes(staging.data(), t.data(), bytes);
-    stream_->synchronize();
-    std::vector<std::uint8_t> out(bytes);
-    if (bytes) std::memcpy(out.data(), staging.data(), bytes);
-    return out;
-  }
+  Tensor upload(const TensorRecord& record, MemoryKind kind = MemoryKind::device) { return scratch_.upload(record, kind); }
+  Tensor allocate(DType dtype, const std::vector<std::int64_t>& shape) { return scratch_.allocate(dtype, shape); }
+  void poison(const Tensor& t, std::int32_t value) { scratch_.poison(t, value); }
+  std::vector<std::uint8_t> download(const Tensor& t) { return scratch_.download(t); }
 
   Device& device_;
   const SafetensorsFile& file_;
-  std::vector<Buffer> buffers_;
   std::int64_t K_ = 0, H_ = 0, rows_ = 0, steps_ = 0, host_rows_ = 0, row_bytes_ = 0, hot_block_size_ = 0;
   Tensor host_pool_, source_, resident_, slot_rows_, lru_, hot_cache_, counters_;
   Tensor hot_indices_, attention_, resolved_, miss_mask_, swap_host_, swap_device_, valid_counts_, swap_counts_;
   HiSparseReplay result_;
   // Declared last, so destroyed first: when a step throws with work still
-  // queued, the stream drains it before the buffers it writes are freed.
-  std::unique_ptr<Stream> stream_;
+  // queued, the scratch's stream drains it before its tensors are freed.
+  validation::DeviceScratch scratch_;
 };
 
 }  // namespace

@@ -22,9 +22,9 @@
 
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/fp8.hpp"
-#include "sparse_mla/safetensors.hpp"
+#include "validation/safetensors.hpp"
 
-namespace sparse_mla::cli::validation {
+namespace sparse_mla::validation {
 
 struct CaseResult {
   std::string name;  // the file, or the schedule's description
@@ -81,4 +81,4 @@ class MismatchLog {
   CaseResult& result_;
 };
 
-}  // namespace sparse_mla::cli::validation
+}  // namespace sparse_mla::validation

@@ -10,9 +10,10 @@
 
 #include "bench_case.hpp"
 #include "bench_data.hpp"
-#include "reference/fp8_reference.hpp"
+#include "validation/reference/fp8_reference.hpp"
 #include "sparse_mla/fp8.hpp"
-#include "sparse_mla/ops.hpp"
+#include "sparse_mla/topk_convert.hpp"
+#include "sparse_mla/fp8_upconvert.hpp"
 
 namespace sparse_mla::cli {
 
@@ -96,7 +97,7 @@ class UpconvertCase final : public BenchCase {
   }
 
   // Every row up to 65536 rows, else every 7th (7 is prime to the block
-  // size, so every offset in a block is checked), against tests/reference.
+  // size, so every offset in a block is checked), against tools/validation/reference.
   std::string check(Device& device, Stream& stream) override {
     stream.fill(dst_, 0, 0xA5, static_cast<std::size_t>(rows_ * head_dim * 2));
     launch(stream, 0);

@@ -18,12 +18,14 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "reference/topk_reference.hpp"
+#include "validation/reference/topk_reference.hpp"
+#include "synthetic_common.hpp"
 #include "synthetic_dump.hpp"
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/index_group.hpp"
-#include "sparse_mla/ops.hpp"
+#include "sparse_mla/index_group_builder.hpp"
+#include "sparse_mla/topk_convert.hpp"
+#include "sparse_mla/fp8_upconvert.hpp"
 
 namespace sparse_mla::cli {
 
@@ -149,29 +151,18 @@ reference::TopkOutputs reference_topk(const Schedule& s, const StepTokens& t, co
   return reference::convert_topk(in);
 }
 
-struct Mismatch {
-  int step = 0;  // 0: the prefill step
-  int layer = 0;
-  std::int64_t token = 0;
-  std::int64_t column = 0;  // -1: the valid count
-  std::int32_t got = 0;
-  std::int32_t want = 0;
-};
-
-struct Tally {
-  std::uint64_t checked_results = 0;  // layer outputs compared
-  std::uint64_t mismatches = 0;       // differing entries (indices and counts)
-  std::vector<Mismatch> first;        // the first few
-  void compare(int step, int layer, const std::int32_t* physical, const std::int32_t* counts,
-               const reference::TopkOutputs& want, std::int64_t top_k);
-};
-
-void Tally::compare(int step, int layer, const std::int32_t* physical, const std::int32_t* counts,
-                    const reference::TopkOutputs& want, std::int64_t top_k) {
-  ++checked_results;
+// Compares one layer's output with the reference; a differing entry is
+// noted with its step, layer, token and column (-1: the valid count).
+void compare_layer(SyntheticTally& tally, int step, int layer, const std::int32_t* physical, const std::int32_t* counts,
+                   const reference::TopkOutputs& want, std::int64_t top_k) {
+  ++tally.checked_results;
   const auto note = [&](std::int64_t token, std::int64_t column, std::int32_t got, std::int32_t expected) {
-    ++mismatches;
-    if (first.size() < 5) first.push_back(Mismatch{step, layer, token, column, got, expected});
+    std::ostringstream text;
+    text << (step == 0 ? std::string("prefill step") : "decode step " + std::to_string(step)) << ", layer " << layer
+         << ", token " << token << ", " << (column < 0 ? std::string("valid count") : "column " + std::to_string(column))
+         << ": got " << got << ", expected " << expected;
+    tally.note(text.str(), {{"step", step}, {"layer", layer}, {"token", token}, {"column", column}, {"got", got},
+                            {"expected", expected}});
   };
   for (std::size_t i = 0; i < want.physical.size(); ++i) {
     if (physical[i] != want.physical[i]) {
@@ -183,30 +174,6 @@ void Tally::compare(int step, int layer, const std::int32_t* physical, const std
     if (counts[t] != want.valid_counts[t]) note(static_cast<std::int64_t>(t), -1, counts[t], want.valid_counts[t]);
   }
 }
-
-// Host memory the device reads through stream copies; kept until the step's
-// synchronize.
-class Staging {
- public:
-  explicit Staging(Device& device) : device_(device) {}
-  // Queues a copy of `values` into `dst` (offset 0) on `stream`.
-  void write(Stream& stream, Buffer& dst, const std::vector<std::int32_t>& values) {
-    const std::size_t bytes = values.size() * sizeof(std::int32_t);
-    buffers_.push_back(device_.allocate(bytes, MemoryKind::host));
-    if (bytes) std::memcpy(buffers_.back().data(), values.data(), bytes);
-    stream.copy(dst, 0, buffers_.back(), 0, bytes);
-  }
-  Buffer device_copy(Stream& stream, const std::vector<std::int32_t>& values) {
-    Buffer dst = device_.allocate(values.size() * sizeof(std::int32_t), MemoryKind::device);
-    write(stream, dst, values);
-    return dst;
-  }
-  void release() { buffers_.clear(); }
-
- private:
-  Device& device_;
-  std::vector<Buffer> buffers_;
-};
 
 class SyntheticRun {
  public:
@@ -220,21 +187,20 @@ class SyntheticRun {
   Schedule schedule;
   std::shared_ptr<Device> device;
   std::unique_ptr<Stream> compute;
-  Buffer logical_storage;
-  Tensor logical_buffer;
+  OwnedTensor logical_buffer;
   std::unique_ptr<SparseMLAIndexGroupBuilder> builder;
   std::vector<LayerRegistration> layers;
-  Buffer block_table;
+  OwnedTensor block_table;
   std::int64_t prefill_tokens = 0;
   std::uint64_t prefill_conversions = 0;
   std::uint64_t decode_conversions = 0;
   bool once_per_group = true;  // every decode step converted exactly once in every group
-  Tally tally;
+  SyntheticTally tally;
 
  private:
   struct StepInputs;
-  StepInputs upload_step(const StepTokens& tokens, Staging& staging);
-  reference::TopkOutputs produce_logical(const StepTokens& tokens, Staging& staging,
+  StepInputs upload_step(const StepTokens& tokens, SyntheticStaging& staging);
+  reference::TopkOutputs produce_logical(const StepTokens& tokens, SyntheticStaging& staging,
                                          std::vector<std::int32_t>* keep = nullptr);
   // --dump: the first group's conversion of the step, after the step's checks.
   void dump(int step, const StepTokens& tokens, const std::vector<std::int32_t>& logical,
@@ -247,8 +213,6 @@ class SyntheticRun {
 };
 
 struct SyntheticRun::StepInputs {
-  Buffer req_id;
-  Buffer query_start_loc;
   BatchMetadata batch;
   std::int64_t num_tokens = 0;
 };
@@ -259,28 +223,23 @@ SyntheticRun::SyntheticRun(const std::string& backend, const SyntheticOptions& o
   std::int64_t max_tokens = 0;
   for (std::int32_t length : schedule.lengths) max_tokens += length;
   max_tokens = std::max<std::int64_t>(max_tokens, o.requests);
-  logical_storage = device->allocate(static_cast<std::size_t>(max_tokens * o.topk) * 4, MemoryKind::device);
-  logical_buffer = Tensor::of(logical_storage, DType::i32, {max_tokens, o.topk});
+  logical_buffer = OwnedTensor(*device, DType::i32, {max_tokens, o.topk});
   // Decode steps have one token per request.
   builder = std::make_unique<SparseMLAIndexGroupBuilder>(device, logical_buffer, o.requests);
   for (int l = 0; l < o.layers; ++l) layers.push_back(builder->register_layer(l % o.index_every == 0));
-  Staging staging(*device);
-  block_table = staging.device_copy(*compute, schedule.block_table);
-  compute->synchronize();
+  block_table = upload(*compute, schedule.block_table, {schedule.requests, schedule.blocks_per_request});
 }
 
-SyntheticRun::StepInputs SyntheticRun::upload_step(const StepTokens& tokens, Staging& staging) {
+SyntheticRun::StepInputs SyntheticRun::upload_step(const StepTokens& tokens, SyntheticStaging& staging) {
   // The library's deep check of the table values, as a validating caller runs it.
   check_topk_table_values(tokens.req_id.data(), tokens.size(), schedule.block_table.data(), schedule.requests,
                           schedule.blocks_per_request, schedule.num_physical_blocks);
   StepInputs in;
   in.num_tokens = tokens.size();
-  in.req_id = staging.device_copy(*compute, tokens.req_id);
-  in.query_start_loc = staging.device_copy(*compute, tokens.query_start_loc);
-  in.batch.req_id_per_token = Tensor::of(in.req_id, DType::i32, {in.num_tokens});
-  in.batch.block_table = Tensor::of(block_table, DType::i32, {schedule.requests, schedule.blocks_per_request});
+  in.batch.req_id_per_token = staging.upload(tokens.req_id, {in.num_tokens});
+  in.batch.block_table = block_table;
   in.batch.block_size = options.block_size;
-  in.batch.query_start_loc = Tensor::of(in.query_start_loc, DType::i32, {schedule.requests + 1});
+  in.batch.query_start_loc = staging.upload(tokens.query_start_loc, {schedule.requests + 1});
   in.batch.num_decodes = tokens.num_decodes;
   in.batch.num_decode_tokens = tokens.num_decodes;
   in.batch.num_prefills = tokens.num_prefills;
@@ -289,10 +248,10 @@ SyntheticRun::StepInputs SyntheticRun::upload_step(const StepTokens& tokens, Sta
 
 // The leader's indexer: a fresh selection for this group, written on the
 // compute stream. Returns what the group's layers must see.
-reference::TopkOutputs SyntheticRun::produce_logical(const StepTokens& tokens, Staging& staging,
+reference::TopkOutputs SyntheticRun::produce_logical(const StepTokens& tokens, SyntheticStaging& staging,
                                                      std::vector<std::int32_t>* keep) {
   const std::vector<std::int32_t> logical = indexer_topk(tokens, options.topk, rng);
-  staging.write(*compute, logical_storage, logical);
+  staging.write(logical_buffer, logical);
   if (keep != nullptr) *keep = logical;
   return reference_topk(schedule, tokens, logical, options.topk, options.block_size);
 }
@@ -328,7 +287,7 @@ TopkConversion SyntheticRun::run_layer(std::size_t layer, const StepInputs& in) 
   const int index = layers[layer].index_in_group;
   group.set_logical_topk_ready(index, *compute);
   group.prepare_for_batch(index, in.batch, *compute);
-  return group.convert_logical_to_physical_topk(index, *compute, logical_buffer.rows(0, in.num_tokens), in.batch, 0,
+  return group.convert_logical_to_physical_topk(index, *compute, logical_buffer.tensor().rows(0, in.num_tokens), in.batch, 0,
                                                 true);
 }
 
@@ -341,13 +300,10 @@ std::uint64_t SyntheticRun::total(std::uint64_t ConversionCounts::*field) const 
 // Prefill-sized: every layer converts into its own buffers; each layer's
 // output is read back before the next (they are large).
 void SyntheticRun::prefill_step() {
-  Staging staging(*device);
+  SyntheticStaging staging(*compute);
   const StepTokens tokens = prefill_step_tokens(schedule);
   prefill_tokens = tokens.size();
   const StepInputs in = upload_step(tokens, staging);
-  const std::size_t entries = static_cast<std::size_t>(in.num_tokens * options.topk);
-  Buffer physical = device->allocate(entries * 4, MemoryKind::host);
-  Buffer counts = device->allocate(static_cast<std::size_t>(in.num_tokens) * 4, MemoryKind::host);
   const std::uint64_t before = total(&ConversionCounts::prefill) + total(&ConversionCounts::decode);
   const std::uint64_t mismatches_before = tally.mismatches;
   const bool dumping = !options.dump_dir.empty();
@@ -357,10 +313,9 @@ void SyntheticRun::prefill_step() {
     if (layers[l].index_in_group == 0) want = produce_logical(tokens, staging, dumping && l == 0 ? &first_logical : nullptr);
     if (dumping && l == 0) first_want = want;
     const TopkConversion result = run_layer(l, in);
-    compute->copy_bytes(physical.data(), result.physical.data(), entries * 4);
-    compute->copy_bytes(counts.data(), result.valid_counts.data(), counts.bytes());
-    compute->synchronize();
-    tally.compare(0, static_cast<int>(l), physical.as<std::int32_t>(), counts.as<std::int32_t>(), want, options.topk);
+    const std::vector<std::int32_t> physical = staging.download<std::int32_t>(result.physical);
+    const std::vector<std::int32_t> counts = staging.download<std::int32_t>(result.valid_counts);
+    compare_layer(tally, 0, static_cast<int>(l), physical.data(), counts.data(), want, options.topk);
   }
   prefill_conversions = total(&ConversionCounts::prefill) + total(&ConversionCounts::decode) - before;
   if (dumping) dump(0, tokens, first_logical, first_want, mismatches_before);
@@ -369,12 +324,13 @@ void SyntheticRun::prefill_step() {
 // Decode-sized: every layer's rows are copied out on the compute stream, as
 // attention would read them, and checked after the step.
 void SyntheticRun::decode_step(int step) {
-  Staging staging(*device);
+  SyntheticStaging staging(*compute);
   const StepTokens tokens = decode_step_tokens(schedule);
   const StepInputs in = upload_step(tokens, staging);
   const std::size_t entries = static_cast<std::size_t>(in.num_tokens * options.topk);
-  Buffer physical = device->allocate(layers.size() * entries * 4, MemoryKind::device);
-  Buffer counts = device->allocate(layers.size() * static_cast<std::size_t>(in.num_tokens) * 4, MemoryKind::device);
+  const auto num_layers = static_cast<std::int64_t>(layers.size());
+  const Tensor physical = staging.allocate(DType::i32, {num_layers, in.num_tokens, options.topk});
+  const Tensor counts = staging.allocate(DType::i32, {num_layers, in.num_tokens});
   std::vector<std::uint64_t> before;
   for (const auto& group : builder->groups()) before.push_back(group->conversion_counts().decode);
   std::vector<reference::TopkOutputs> want;
@@ -385,21 +341,17 @@ void SyntheticRun::decode_step(int step) {
       want.push_back(produce_logical(tokens, staging, !options.dump_dir.empty() && l == 0 ? &first_logical : nullptr));
     }
     const TopkConversion result = run_layer(l, in);  // views of the group workspace
-    compute->copy_bytes(physical.as<std::int32_t>() + l * entries, result.physical.data(), entries * 4);
-    compute->copy_bytes(counts.as<std::int32_t>() + l * static_cast<std::size_t>(in.num_tokens),
+    compute->copy_bytes(physical.data_as<std::int32_t>() + l * entries, result.physical.data(), entries * 4);
+    compute->copy_bytes(counts.data_as<std::int32_t>() + l * static_cast<std::size_t>(in.num_tokens),
                         result.valid_counts.data(), static_cast<std::size_t>(in.num_tokens) * 4);
   }
-  Buffer physical_host = device->allocate(physical.bytes(), MemoryKind::host);
-  Buffer counts_host = device->allocate(counts.bytes(), MemoryKind::host);
-  compute->copy(physical_host, 0, physical, 0, physical.bytes());
-  compute->copy(counts_host, 0, counts, 0, counts.bytes());
-  compute->synchronize();
+  const std::vector<std::int32_t> physical_host = staging.download<std::int32_t>(physical);
+  const std::vector<std::int32_t> counts_host = staging.download<std::int32_t>(counts);
   std::size_t group = 0;
   for (std::size_t l = 0; l < layers.size(); ++l) {
     if (l > 0 && layers[l].index_in_group == 0) ++group;
-    tally.compare(step, static_cast<int>(l), physical_host.as<std::int32_t>() + l * entries,
-                  counts_host.as<std::int32_t>() + l * static_cast<std::size_t>(in.num_tokens), want[group],
-                  options.topk);
+    compare_layer(tally, step, static_cast<int>(l), physical_host.data() + l * entries,
+                  counts_host.data() + l * static_cast<std::size_t>(in.num_tokens), want[group], options.topk);
   }
   for (std::size_t g = 0; g < builder->groups().size(); ++g) {
     const std::uint64_t converted = builder->groups()[g]->conversion_counts().decode - before[g];
@@ -409,51 +361,31 @@ void SyntheticRun::decode_step(int step) {
   if (!options.dump_dir.empty()) dump(step, tokens, first_logical, want.front(), mismatches_before);
 }
 
-std::string mismatch_text(const Mismatch& m) {
-  std::ostringstream out;
-  out << (m.step == 0 ? std::string("prefill step") : "decode step " + std::to_string(m.step)) << ", layer "
-      << m.layer << ", token " << m.token << ", "
-      << (m.column < 0 ? std::string("valid count") : "column " + std::to_string(m.column)) << ": got " << m.got
-      << ", expected " << m.want;
-  return out.str();
-}
-
-void write_json(std::ostream& out, const std::string& backend, const SyntheticRun& run, bool ok) {
+SyntheticReport report(const std::string& backend, const SyntheticRun& run) {
   const SyntheticOptions& o = run.options;
   const std::uint64_t groups = run.builder->groups().size();
-  out << "{\"ok\": " << (ok ? "true" : "false") << ", \"backend\": \"" << backend << "\", \"layers\": " << o.layers
-      << ", \"index_every\": " << o.index_every << ", \"groups\": " << groups << ", \"requests\": " << o.requests
-      << ", \"topk\": " << o.topk << ", \"block_size\": " << o.block_size << ", \"context\": " << o.context
-      << ", \"seed\": " << run.seed << ", \"prefill_tokens\": " << run.prefill_tokens
-      << ", \"prefill_conversions\": " << run.prefill_conversions << ", \"decode_steps\": " << o.steps
-      << ", \"decode_conversions\": " << run.decode_conversions
-      << ", \"expected_decode_conversions\": " << groups * static_cast<std::uint64_t>(o.steps)
-      << ", \"dumped_files\": " << run.dumped.size() << ", \"checked_layer_results\": " << run.tally.checked_results << ", \"mismatches\": " << run.tally.mismatches
-      << ", \"first_mismatches\": [";
-  for (std::size_t i = 0; i < run.tally.first.size(); ++i) {
-    const Mismatch& m = run.tally.first[i];
-    out << (i ? ", " : "") << "{\"step\": " << m.step << ", \"layer\": " << m.layer << ", \"token\": " << m.token
-        << ", \"column\": " << m.column << ", \"got\": " << m.got << ", \"expected\": " << m.want << "}";
-  }
-  out << "]}\n";
-}
-
-void write_text(std::ostream& out, const std::string& backend, const SyntheticRun& run, bool ok) {
-  const SyntheticOptions& o = run.options;
-  const std::uint64_t groups = run.builder->groups().size();
-  out << "synthetic schedule on " << backend << " (seed " << run.seed << "): " << o.layers << " layers, "
-      << groups << " index groups (an indexer every " << o.index_every << " layers), " << o.requests
-      << " requests, top-k " << o.topk << ", block size " << o.block_size << "\n"
-      << "  prefill step: " << run.prefill_tokens << " tokens, " << run.prefill_conversions << " conversions\n"
-      << "  decode steps: " << o.steps << ", " << run.decode_conversions << " conversions (expected "
-      << groups * static_cast<std::uint64_t>(o.steps) << ": once per group per step)\n"
-      << "  checked " << run.tally.checked_results << " layer results, " << run.tally.mismatches << " mismatches\n";
-  for (const Mismatch& m : run.tally.first) out << "  mismatch: " << mismatch_text(m) << "\n";
+  const std::uint64_t expected = groups * static_cast<std::uint64_t>(o.steps);
+  SyntheticReport r;
+  r.fields = {{"backend", backend}, {"layers", o.layers}, {"index_every", o.index_every}, {"groups", groups},
+              {"requests", o.requests}, {"topk", o.topk}, {"block_size", o.block_size}, {"context", o.context},
+              {"seed", run.seed}, {"prefill_tokens", run.prefill_tokens},
+              {"prefill_conversions", run.prefill_conversions}, {"decode_steps", o.steps},
+              {"decode_conversions", run.decode_conversions}, {"expected_decode_conversions", expected},
+              {"dumped_files", run.dumped.size()}};
+  std::ostringstream heading;
+  heading << "synthetic schedule on " << backend << " (seed " << run.seed << "): " << o.layers << " layers, " << groups
+          << " index groups (an indexer every " << o.index_every << " layers), " << o.requests << " requests, top-k "
+          << o.topk << ", block size " << o.block_size;
+  r.lines.push_back(heading.str());
+  r.lines.push_back("  prefill step: " + std::to_string(run.prefill_tokens) + " tokens, " +
+                    std::to_string(run.prefill_conversions) + " conversions");
+  r.lines.push_back("  decode steps: " + std::to_string(o.steps) + ", " + std::to_string(run.decode_conversions) +
+                    " conversions (expected " + std::to_string(expected) + ": once per group per step)");
   if (!run.dumped.empty()) {
-    out << "  dumped " << run.dumped.size() << " topk_convert files to " << o.dump_dir
-        << " (check them with: sparse-mla validate --golden " << o.dump_dir << "/*.safetensors)\n";
+    r.lines.push_back("  dumped " + std::to_string(run.dumped.size()) + " topk_convert files to " + o.dump_dir +
+                      " (check them with: sparse-mla validate --golden " + o.dump_dir + "/*.safetensors)");
   }
-  out << (ok ? "ok" : "FAILED") << "\n";
+  return r;
 }
 
 }  // namespace
@@ -491,11 +423,7 @@ int run_synthetic(const std::string& backend, bool json, const SyntheticOptions&
   run.prefill_step();
   for (int step = 1; step <= options.steps; ++step) run.decode_step(step);
   const bool ok = run.tally.mismatches == 0 && run.once_per_group;
-  if (json) {
-    write_json(out, backend, run, ok);
-  } else {
-    write_text(out, backend, run, ok);
-  }
+  report(backend, run).write(out, json, run.tally, ok);
   return ok ? exit_ok : exit_mismatch;
 }
 

@@ -16,7 +16,12 @@
 //
 // Slot state (slot_rows, lru) belongs to the group: every layer of a group
 // sees the same selection, so one resolve serves them all; each layer has
-// its own host pool and hot cache with the same layout.
+// its own host pool and hot cache with the same layout
+// (sparse_mla/hisparse_cache.hpp).
+//
+// The decode protocol is SparseMLAIndexGroup's; this group supplies the
+// leader's work (the resolve, then one gather per layer) and each layer's
+// ready event through its hooks. Implemented by core/src/hisparse_group.cpp.
 #pragma once
 
 #include <cstdint>
@@ -24,68 +29,12 @@
 #include <vector>
 
 #include "sparse_mla/batch.hpp"
+#include "sparse_mla/hisparse_cache.hpp"
 #include "sparse_mla/hisparse_config.hpp"
+#include "sparse_mla/hisparse_prefill.hpp"
 #include "sparse_mla/index_group.hpp"
 
 namespace sparse_mla {
-
-// One layer's caches: the pinned host pool (the layer's full KV cache) and
-// the hot cache attention reads (H slots per state row).
-class HiSparseCacheHandle {
- public:
-  // Allocates both caches; the hot cache is zeroed on `stream`.
-  HiSparseCacheHandle(Device& device, Stream& stream, const HiSparseConfig& config, std::int64_t row_bytes);
-
-  std::int64_t row_bytes() const { return row_bytes_; }
-  // uint8 [host_pool_rows, row_bytes], pinned host memory.
-  const Tensor& host_pool() const { return host_pool_; }
-  // uint8 [hot blocks, block_size, row_bytes] with a block stride of
-  // attention_block_stride rows: state row s owns blocks s * hot_blocks_per_state ...
-  const Tensor& hot_cache() const { return hot_cache_; }
-  // The hot cache as attention reads it: uint8 [hot blocks * attention_block_stride, row_bytes].
-  const Tensor& attention_cache() const { return attention_cache_; }
-  Event& ready() const { return *ready_; }
-  Event& prefill_ready() const { return *prefill_ready_; }
-  HiSparseFootprint footprint() const;
-
- private:
-  std::int64_t row_bytes_;
-  Buffer host_storage_;
-  Buffer hot_storage_;
-  Tensor host_pool_;
-  Tensor hot_cache_;
-  Tensor attention_cache_;
-  std::unique_ptr<Event> ready_;
-  std::unique_ptr<Event> prefill_ready_;
-};
-
-// SPEC section 5's prefill staging plan, for prefill requests whose pages
-// are not all resident. Rows of block_table are plan-relative: prefill
-// request p (batch request num_decodes + p) is row p.
-struct HiSparsePrefillStagingPlan {
-  std::int32_t block_size = 0;
-  std::int64_t num_blocks = 0;  // staged blocks, block 0 (the null block) included
-  Tensor block_table;           // int32 [P, B]: compact block of each logical block, 0 = null
-  Tensor row_ids;               // int32 [num_blocks * block_size]: host row of each staged row, -1 unused
-  Tensor gpu_row_ids;           // int32 [num_blocks * block_size]: resident row, -1 when not resident
-  // Host copies (what the plan was built from), and the device buffers.
-  std::vector<std::int32_t> host_block_table, host_row_ids, host_gpu_row_ids;
-  Buffer storage;
-};
-
-// Builds a plan on the host from host copies of the prefill requests' source
-// block table (int32 [P, B], row-major) and their context lengths, and
-// uploads it on `stream` (waits for the copy). With a resident table
-// (int32 [P, B'], same block size; resident_null_block = not resident), each
-// staged row also gets its resident device row.
-HiSparsePrefillStagingPlan build_hisparse_prefill_staging_plan(Device& device, Stream& stream,
-                                                               const std::vector<std::int32_t>& block_table,
-                                                               std::int64_t num_requests, std::int64_t blocks_per_request,
-                                                               const std::vector<std::int64_t>& context_lengths,
-                                                               std::int32_t block_size,
-                                                               const std::vector<std::int32_t>& resident_block_table = {},
-                                                               std::int64_t resident_blocks_per_request = 0,
-                                                               std::int32_t resident_null_block = 0);
 
 class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
  public:
@@ -102,6 +51,7 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   int register_layer(const LayerConfig& config = {}) override;
   // The leader checks the step's HiSparse tables (batch.hisparse).
   void prepare_for_batch(int layer_index, const BatchMetadata& batch, Stream& compute) override;
+  // convert_logical_to_physical_topk (the base's protocol), HiSparse's part:
   // Decode-sized: the leader resolves batch rows [0, T) once on the side
   // stream (into physical_workspace: attention indices, and
   // valid_counts_workspace) and gathers the misses into every layer's hot
@@ -111,10 +61,6 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   // Prefill-sized: converts through batch.hisparse->resident_block_table
   // (every context page must be resident, or staged first); block_stride_rows
   // 0 means batch.block_size.
-  [[nodiscard]] TopkConversion convert_logical_to_physical_topk(int layer_index, Stream& compute,
-                                                                const Tensor& logical_topk, const BatchMetadata& batch,
-                                                                std::int64_t block_stride_rows,
-                                                                bool return_valid_counts) override;
 
   // FP8 prefill from the staging plan (batch.prefill_staging_plan): the
   // host-backed gather-upconvert of SPEC section 3 for plan rows
@@ -141,13 +87,9 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   // [plan.num_blocks, block_size, row_bytes]) holding the plan's rows,
   // resident ones copied from `resident_cache` (uint8 [blocks, block_size,
   // row_bytes], optional) and the rest read from the layer's host pool, on
-  // `compute`. The returned buffer owns the staged cache; keep it until the
+  // `compute`. The returned tensor owns the staged cache; keep it until the
   // compute stream has read it.
-  struct StagedCache {
-    Buffer storage;
-    Tensor cache;
-  };
-  [[nodiscard]] StagedCache stage_prefill_rows(int layer_index, Stream& compute, const HiSparsePrefillStagingPlan& plan,
+  [[nodiscard]] OwnedTensor stage_prefill_rows(int layer_index, Stream& compute, const HiSparsePrefillStagingPlan& plan,
                                                const Tensor& resident_cache);
 
   const HiSparseConfig& config() const { return config_; }
@@ -175,22 +117,26 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   HiSparseCounters counters();
   HiSparseFootprint footprint() const;
 
+ protected:
+  // The decode protocol's hooks (index_group.hpp).
+  void check_decode_step(const StepCall& call) const override;
+  void queue_conversion(Stream& side, const StepCall& call) override;  // the resolve
+  void queue_layer_work(Stream& side, const StepCall& call) override;  // one gather per layer
+  Event& layer_ready(int layer_index) const override;
+  TopkConversion convert_prefill_sized(const StepCall& call) override;
+  const char* class_name() const override { return "HiSparseMLAIndexGroup"; }
+  const char* leader_work() const override { return "resolved"; }
+
  private:
-  TopkConversion convert_decode(int layer_index, Stream& compute, const Tensor& logical_topk, const BatchMetadata& batch,
-                                bool return_valid_counts);
-  void resolve_and_gather(Stream& compute, const Tensor& logical_topk, const BatchMetadata& batch,
-                          bool return_valid_counts);
-  void check_decode(int layer_index, const Tensor& logical_topk, const BatchMetadata& batch, bool return_valid_counts) const;
+  struct ResolveCall;
+  ResolveCall resolve_call(const StepCall& call) const;
   void allocate_state();
 
   HiSparseConfig config_;
   std::int32_t hot_blocks_per_state_ = 0;
   std::vector<std::unique_ptr<HiSparseCacheHandle>> caches_;
-  std::vector<Buffer> buffers_;
-  Tensor slot_rows_, lru_, hot_block_table_;
-  Tensor hot_indices_, miss_mask_, swap_host_rows_, swap_device_rows_, swap_counts_, counters_;
-  std::int64_t leader_rows_ = -1;
-  bool leader_counted_ = false;
+  OwnedTensor slot_rows_, lru_, hot_block_table_;
+  OwnedTensor hot_indices_, miss_mask_, swap_host_rows_, swap_device_rows_, swap_counts_, counters_;
   std::uint64_t resolves_ = 0;
   std::uint64_t gathers_ = 0;
   std::unique_ptr<Stream> prefill_stream_;

@@ -4,11 +4,12 @@
 #include <limits>
 #include <string>
 
-#include "golden_cases.hpp"
+#include "validation/golden_cases.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/ops.hpp"
+#include "sparse_mla/topk_convert.hpp"
+#include "sparse_mla/fp8_upconvert.hpp"
 
-namespace sparse_mla::cli::validation {
+namespace sparse_mla::validation {
 
 namespace {
 
@@ -89,4 +90,4 @@ PreparedCase prepare_topk_convert(std::shared_ptr<const SafetensorsFile> file) {
   };
 }
 
-}  // namespace sparse_mla::cli::validation
+}  // namespace sparse_mla::validation

@@ -4,7 +4,7 @@
 #include <system_error>
 
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/safetensors.hpp"
+#include "validation/safetensors.hpp"
 
 namespace sparse_mla::cli {
 
@@ -33,7 +33,7 @@ std::string write_topk_dump(const std::string& dir, const std::string& name, con
   file.set_meta("return_valid_counts", "true");
   file.set_meta("has_prefill_workspace", "false");
   file.set_meta("produced_by", "sparse-mla validate --synthetic --dump (outputs: the scalar reference, "
-                               "tests/reference/topk_reference.hpp)");
+                               "tools/validation/reference/topk_reference.hpp)");
   for (const auto& [key, value] : c.extra_metadata) file.set_meta(key, value);
 
   const std::string path = (std::filesystem::path(dir) / (name + ".safetensors")).string();

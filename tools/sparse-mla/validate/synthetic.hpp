@@ -1,7 +1,7 @@
 // sparse-mla validate --synthetic: a DeepSeek-V3.2-shaped schedule (one
 // prefill step, then decode steps) through the index groups of a model with an
 // index-producing layer every N layers, every layer's output checked against
-// the scalar reference (tests/reference/topk_reference.hpp).
+// the scalar reference (tools/validation/reference/topk_reference.hpp).
 //
 // The validate command registers the options with add_synthetic_options and,
 // when --synthetic is given, calls run_synthetic.

@@ -1,5 +1,5 @@
-// The golden-file handlers of `sparse-mla validate --golden`, one per
-// metadata `kind` (golden/README.md), and the device staging they share.
+// Tensors of one validation case on a device, on one stream, alive as long
+// as the scratch: the golden handlers' and the HiSparse replay's staging.
 #pragma once
 
 #include <cstdint>
@@ -8,34 +8,33 @@
 #include <vector>
 
 #include "sparse_mla/device.hpp"
-#include "sparse_mla/safetensors.hpp"
 #include "sparse_mla/tensor.hpp"
-#include "validate.hpp"
+#include "validation/safetensors.hpp"
 
-namespace sparse_mla::cli::validation {
+namespace sparse_mla::validation {
 
-PreparedCase prepare_topk_convert(std::shared_ptr<const SafetensorsFile> file);
-PreparedCase prepare_fp8_gather_upconvert(std::shared_ptr<const SafetensorsFile> file);
-PreparedCase prepare_hisparse_sequence(std::shared_ptr<const SafetensorsFile> file);
-
-// Tensors of one case on the device, on one stream, alive as long as this.
 class DeviceScratch {
  public:
   explicit DeviceScratch(Device& device) : device_(device), stream_(device.create_stream()) {}
+  Device& device() { return device_; }
   Stream& stream() { return *stream_; }
-  // A copy of a file's tensor in device memory.
-  Tensor upload(const TensorRecord& record);
+  // A copy of a file's tensor in memory of `kind`.
+  Tensor upload(const TensorRecord& record, MemoryKind kind = MemoryKind::device);
+  // A new device tensor, contents undefined.
+  Tensor allocate(DType dtype, const std::vector<std::int64_t>& shape);
   // A new device tensor whose every byte is `byte` (poison).
   Tensor filled(DType dtype, const std::vector<std::int64_t>& shape, std::uint8_t byte);
-  // A device tensor's bytes, after everything queued so far.
+  // Every int32 of `tensor` becomes `value`, queued on the stream.
+  void poison(const Tensor& tensor, std::int32_t value);
+  // A tensor's bytes, after everything queued so far.
   std::vector<std::uint8_t> download(const Tensor& tensor);
 
  private:
-  Tensor keep(Buffer buffer, DType dtype, const std::vector<std::int64_t>& shape);
+  Tensor keep(OwnedTensor tensor);
   Device& device_;
-  std::vector<Buffer> buffers_;
+  std::vector<OwnedTensor> tensors_;
   // Declared last, so destroyed first: work still queued when a case throws
-  // drains before the buffers it uses are freed.
+  // drains before the tensors it uses are freed.
   std::unique_ptr<Stream> stream_;
 };
 
@@ -47,4 +46,4 @@ std::vector<T> values_of(const std::vector<std::uint8_t>& bytes) {
   return out;
 }
 
-}  // namespace sparse_mla::cli::validation
+}  // namespace sparse_mla::validation

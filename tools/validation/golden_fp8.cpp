@@ -5,11 +5,12 @@
 #include <cstring>
 #include <string>
 
-#include "golden_cases.hpp"
+#include "validation/golden_cases.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/ops.hpp"
+#include "sparse_mla/topk_convert.hpp"
+#include "sparse_mla/fp8_upconvert.hpp"
 
-namespace sparse_mla::cli::validation {
+namespace sparse_mla::validation {
 
 namespace {
 
@@ -94,4 +95,4 @@ PreparedCase prepare_fp8_gather_upconvert(std::shared_ptr<const SafetensorsFile>
   };
 }
 
-}  // namespace sparse_mla::cli::validation
+}  // namespace sparse_mla::validation

@@ -5,7 +5,7 @@
 #include <limits>
 #include <numeric>
 
-#include "reference/hisparse_reference.hpp"
+#include "validation/reference/hisparse_reference.hpp"
 #include "sparse_mla/error.hpp"
 
 namespace sparse_mla::cli {

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "sparse_mla/fp8.hpp"
+#include "sparse_mla/hisparse_ops.hpp"
 
 namespace sparse_mla {
 
@@ -92,9 +93,7 @@ struct Fp8UpconvertArgs {
 // hot and attention rows plus the compact swap list the row gather copies.
 // Batch-row indexed: logical, request_ids, request_state_indices,
 // hot_block_table and every output. State-row indexed: slot_rows, lru.
-// Slot ids are int16 in the LRU, and the kernel's scratch packs entry
-// indices, slots and miss numbers in 15 or 16 bits: top_k <= hot_slots <= this.
-constexpr std::int32_t hisparse_max_hot_slots = 32768;
+// top_k <= hot_slots <= hisparse_max_hot_slots (sparse_mla/hisparse_ops.hpp).
 struct HiSparseResolveArgs {
   const std::int32_t* logical;  // [num_rows, top_k], row stride logical_stride
   std::int64_t logical_stride;

@@ -58,7 +58,7 @@ class HiSparseRig {
   void gather(Stream& stream, int set);
   // Resets the slot state to empty, runs set 0 (resolve, and the gather when
   // there is a pool) and compares the first and last rows with the scalar
-  // model of tests/reference and the gathered rows with the pool.
+  // model of tools/validation/reference and the gathered rows with the pool.
   std::string check(Device& device, Stream& stream);
   // Hits and misses added to the group counters so far.
   std::vector<std::int64_t> counters(Device& device, Stream& stream);

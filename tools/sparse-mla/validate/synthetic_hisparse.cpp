@@ -26,18 +26,21 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "reference/hisparse_reference.hpp"
+#include "validation/reference/hisparse_reference.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/hisparse.hpp"
-#include "sparse_mla/ops.hpp"
+#include "sparse_mla/hisparse_group.hpp"
+#include "sparse_mla/index_group_builder.hpp"
+#include "sparse_mla/topk_convert.hpp"
+#include "sparse_mla/fp8_upconvert.hpp"
 #include "synthetic.hpp"
+#include "synthetic_common.hpp"
 
 namespace sparse_mla::cli {
 
 namespace {
 
 constexpr const char* where = "validate --synthetic --hisparse";
-constexpr std::int64_t row_bytes = 656;  // fp8_ds_mla rows
+constexpr std::int64_t row_bytes = fp8_row_bytes;
 constexpr int rewrite_every = 5;         // decode steps between rewrites of an old row
 
 std::uint64_t splitmix(std::uint64_t x) {
@@ -56,57 +59,12 @@ void row_content(std::uint64_t seed, std::size_t layer, std::int32_t g, std::uin
   }
 }
 
-// Host memory the device reads through stream copies, and device copies of
-// small tables, kept until the step's synchronize.
-class Scratch {
- public:
-  explicit Scratch(Device& device) : device_(device) {}
-  template <class T>
-  Tensor upload(Stream& stream, const std::vector<T>& values, const std::vector<std::int64_t>& shape) {
-    const std::size_t bytes = values.size() * sizeof(T);
-    Buffer staging = device_.allocate(bytes, MemoryKind::host);
-    if (bytes) std::memcpy(staging.data(), values.data(), bytes);
-    Buffer target = device_.allocate(bytes, MemoryKind::device);
-    stream.copy(target, 0, staging, 0, bytes);
-    const Tensor t = Tensor::of(target, dtype_of<T>::value, shape);
-    buffers_.push_back(std::move(staging));  // both live until the step's synchronize
-    buffers_.push_back(std::move(target));
-    return t;
-  }
-  template <class T>
-  std::vector<T> download(Stream& stream, const Tensor& t) {
-    const std::size_t bytes = static_cast<std::size_t>(t.numel()) * sizeof(T);
-    Buffer staging = device_.allocate(bytes, MemoryKind::host);
-    if (bytes) stream.copy_bytes(staging.data(), t.data(), bytes);
-    stream.synchronize();
-    std::vector<T> out(static_cast<std::size_t>(t.numel()));
-    if (bytes) std::memcpy(out.data(), staging.data(), bytes);
-    return out;
-  }
-
- private:
-  Device& device_;
-  std::vector<Buffer> buffers_;
-};
-
-struct Tally {
-  std::uint64_t checked_results = 0;  // layer outputs compared with the model
-  std::uint64_t checked_rows = 0;     // rows whose bytes were compared
-  std::uint64_t mismatches = 0;
-  std::vector<std::string> first;
-  void note(const std::string& what) {
-    ++mismatches;
-    if (first.size() < 5) first.push_back(what);
-  }
-};
-
 class HiSparseRun {
  public:
   HiSparseRun(const std::string& backend, const SyntheticOptions& o);
   void prefill_step();
   void decode_step(int step);
-  void write_json(std::ostream& out, const std::string& backend, bool ok);
-  void write_text(std::ostream& out, const std::string& backend, bool ok);
+  SyntheticReport report(const std::string& backend);
   bool once_per_group() const;
 
   const SyntheticOptions& o;
@@ -114,8 +72,7 @@ class HiSparseRun {
   std::mt19937_64 rng;
   std::shared_ptr<Device> device;
   std::unique_ptr<Stream> compute;
-  Buffer logical_storage;
-  Tensor logical_buffer;
+  OwnedTensor logical_buffer;
   std::unique_ptr<SparseMLAIndexGroupBuilder> builder;
   std::vector<LayerRegistration> layers;
   std::vector<HiSparseMLAIndexGroup*> groups;
@@ -126,21 +83,20 @@ class HiSparseRun {
   std::vector<std::vector<std::vector<std::int32_t>>> selections;  // [group][request]
   std::vector<std::uint32_t> versions;                            // per host row
   std::vector<bool> ever_written;                                 // per host row: the layers wrote it (else zeros)
-  Tensor source_table;
-  Buffer source_storage;
+  OwnedTensor source_table;
   std::int64_t prefill_tokens = 0, staged_rows = 0;
   std::uint64_t hits = 0, misses = 0;
-  Tally tally;
+  SyntheticTally tally;
 
  private:
   std::int32_t host_row(std::int32_t request, std::int32_t tok) const;
-  void write_rows(const std::vector<std::int32_t>& host_rows, const std::vector<std::int32_t>& states, Scratch& scratch);
+  void write_rows(const std::vector<std::int32_t>& host_rows, const std::vector<std::int32_t>& states, SyntheticStaging& scratch);
   std::vector<std::int32_t> next_selection(const std::vector<std::int32_t>& previous, std::int32_t position);
   void check_prefill_layer(std::size_t layer, const HiSparsePrefillStagingPlan& plan, const std::vector<std::int32_t>& logical,
-                           Scratch& scratch);
+                           SyntheticStaging& scratch);
   void check_layer(std::size_t layer, const reference::HiSparseStep& step, const reference::HiSparseResult& want,
-                   const std::vector<std::int32_t>& attention, const std::vector<std::int32_t>& counts, Scratch& scratch);
-  void check_hot_caches(std::size_t group, Scratch& scratch);
+                   const std::vector<std::int32_t>& attention, const std::vector<std::int32_t>& counts, SyntheticStaging& scratch);
+  void check_hot_caches(std::size_t group, SyntheticStaging& scratch);
   bool row_matches(std::size_t layer, std::int32_t g, const std::uint8_t* bytes) const;
 };
 
@@ -161,8 +117,7 @@ HiSparseRun::HiSparseRun(const std::string& backend, const SyntheticOptions& opt
   const std::int64_t blocks = (o.context + o.block_size - 1) / o.block_size;
   std::uniform_int_distribution<std::int32_t> prompt(1, o.context - o.steps);
   for (int r = 0; r < o.requests; ++r) lengths.push_back(prompt(rng));
-  logical_storage = device->allocate(static_cast<std::size_t>(o.requests * o.topk) * 4, MemoryKind::device);
-  logical_buffer = Tensor::of(logical_storage, DType::i32, {o.requests, o.topk});
+  logical_buffer = OwnedTensor(*device, DType::i32, {o.requests, o.topk});
   builder = std::make_unique<SparseMLAIndexGroupBuilder>(device, logical_buffer, o.requests);
   LayerConfig layer;
   layer.kv_cache_dtype = "fp8_ds_mla";
@@ -190,12 +145,7 @@ HiSparseRun::HiSparseRun(const std::string& backend, const SyntheticOptions& opt
   selections.assign(groups.size(), std::vector<std::vector<std::int32_t>>(static_cast<std::size_t>(o.requests)));
   versions.assign(static_cast<std::size_t>(config.host_pool_rows), 0);
   ever_written.assign(static_cast<std::size_t>(config.host_pool_rows), false);
-  source_storage = device->allocate(tables.source_table.size() * 4, MemoryKind::device);
-  Scratch scratch(*device);
-  const Tensor table = scratch.upload(*compute, tables.source_table, {o.requests, blocks});
-  compute->copy_bytes(source_storage.data(), table.data(), source_storage.bytes());
-  source_table = Tensor::of(source_storage, DType::i32, {o.requests, blocks});
-  compute->synchronize();
+  source_table = upload(*compute, tables.source_table, {o.requests, blocks});
 }
 
 std::int32_t HiSparseRun::host_row(std::int32_t request, std::int32_t tok) const {
@@ -212,17 +162,17 @@ bool HiSparseRun::row_matches(std::size_t layer, std::int32_t g, const std::uint
 // The host mirror of one step: every layer writes its rows, and each group
 // empties the hot slots that cache one of them.
 void HiSparseRun::write_rows(const std::vector<std::int32_t>& host_rows, const std::vector<std::int32_t>& states,
-                             Scratch& scratch) {
+                             SyntheticStaging& scratch) {
   const std::int64_t n = static_cast<std::int64_t>(host_rows.size());
   for (std::int32_t g : host_rows) ever_written[static_cast<std::size_t>(g)] = true;
-  const Tensor ids = scratch.upload(*compute, host_rows, {n});
-  const Tensor owners = scratch.upload(*compute, states, {n});
+  const Tensor ids = scratch.upload(host_rows, {n});
+  const Tensor owners = scratch.upload(states, {n});
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(n * row_bytes));
   for (std::size_t l = 0; l < layers.size(); ++l) {
     for (std::int64_t i = 0; i < n; ++i) {
       row_content(seed, l, host_rows[std::size_t(i)], versions[std::size_t(host_rows[std::size_t(i)])], &bytes[std::size_t(i * row_bytes)]);
     }
-    const Tensor rows = scratch.upload(*compute, bytes, {n, row_bytes});
+    const Tensor rows = scratch.upload(bytes, {n, row_bytes});
     groups[group_of[l]]->write_rows(layers[l].index_in_group, *compute, rows, ids);
   }
   for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -239,7 +189,7 @@ void HiSparseRun::write_rows(const std::vector<std::int32_t>& host_rows, const s
 }
 
 void HiSparseRun::prefill_step() {
-  Scratch scratch(*device);
+  SyntheticStaging scratch(*compute);
   std::vector<std::int32_t> rows, owners;
   for (std::int32_t r = 0; r < o.requests; ++r) {
     for (std::int32_t p = 0; p < lengths[std::size_t(r)]; ++p) {
@@ -265,10 +215,10 @@ void HiSparseRun::prefill_step() {
 // The layer's staged rows, and the last prompt token's top-k read through
 // the compact block table.
 void HiSparseRun::check_prefill_layer(std::size_t layer, const HiSparsePrefillStagingPlan& plan,
-                                      const std::vector<std::int32_t>& logical, Scratch& scratch) {
+                                      const std::vector<std::int32_t>& logical, SyntheticStaging& scratch) {
   HiSparseMLAIndexGroup& group = *groups[group_of[layer]];
   const auto staged = group.stage_prefill_rows(layers[layer].index_in_group, *compute, plan, Tensor());
-  const std::vector<std::uint8_t> bytes = scratch.download<std::uint8_t>(*compute, staged.cache);
+  const std::vector<std::uint8_t> bytes = scratch.download<std::uint8_t>(staged);
   for (std::size_t row = 0; row < plan.host_row_ids.size(); ++row) {
     const std::int32_t g = plan.host_row_ids[row];
     const std::uint8_t* got = &bytes[row * std::size_t(row_bytes)];
@@ -280,9 +230,9 @@ void HiSparseRun::check_prefill_layer(std::size_t layer, const HiSparsePrefillSt
   std::iota(req.begin(), req.end(), 0);
   TopkConvertParams params;
   params.block_size = o.block_size;
-  const TopkConversion physical = convert_logical_to_physical_topk(*compute, scratch.upload(*compute, req, {o.requests}),
-                                                                   plan.block_table, scratch.upload(*compute, logical, {o.requests, o.topk}), params);
-  const std::vector<std::int32_t> rows = scratch.download<std::int32_t>(*compute, physical.physical);
+  const TopkConversion physical = convert_logical_to_physical_topk(*compute, scratch.upload(req, {o.requests}),
+                                                                   plan.block_table, scratch.upload(logical, {o.requests, o.topk}), params);
+  const std::vector<std::int32_t> rows = scratch.download<std::int32_t>(physical.physical);
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const std::int32_t tok = logical[i];
     const std::int32_t r = static_cast<std::int32_t>(i / std::size_t(o.topk));
@@ -316,7 +266,7 @@ std::vector<std::int32_t> HiSparseRun::next_selection(const std::vector<std::int
 }
 
 void HiSparseRun::decode_step(int step) {
-  Scratch scratch(*device);
+  SyntheticStaging scratch(*compute);
   std::vector<std::int32_t> order(static_cast<std::size_t>(o.requests));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
@@ -341,7 +291,7 @@ void HiSparseRun::decode_step(int step) {
     for (std::int32_t i = 0; i < tables.hot_blocks_per_row; ++i) model_step.hot_block_table.push_back(r * tables.hot_blocks_per_row + i);
   }
   HiSparseBatch hb;
-  hb.request_state_indices = scratch.upload(*compute, order, {o.requests});
+  hb.request_state_indices = scratch.upload(order, {o.requests});
   BatchMetadata batch;
   batch.req_id_per_token = hb.request_state_indices;
   batch.block_table = source_table;
@@ -349,8 +299,9 @@ void HiSparseRun::decode_step(int step) {
   batch.num_decodes = batch.num_decode_tokens = o.requests;
   batch.hisparse = &hb;
   const std::int64_t entries = std::int64_t{o.requests} * o.topk;
-  Buffer attention = device->allocate(layers.size() * std::size_t(entries) * 4, MemoryKind::device);
-  Buffer counts = device->allocate(layers.size() * std::size_t(o.requests) * 4, MemoryKind::device);
+  const auto num_layers = static_cast<std::int64_t>(layers.size());
+  const Tensor attention = scratch.allocate(DType::i32, {num_layers, entries});
+  const Tensor counts = scratch.allocate(DType::i32, {num_layers, o.requests});
   std::vector<reference::HiSparseStep> steps(groups.size(), model_step);
   for (std::size_t l = 0; l < layers.size(); ++l) {
     const std::size_t g = group_of[l];
@@ -362,17 +313,17 @@ void HiSparseRun::decode_step(int step) {
         sel = next_selection(sel, lengths[std::size_t(r)]);
         steps[g].logical.insert(steps[g].logical.end(), sel.begin(), sel.end());
       }
-      const Tensor src = scratch.upload(*compute, steps[g].logical, {o.requests, o.topk});
+      const Tensor src = scratch.upload(steps[g].logical, {o.requests, o.topk});
       compute->copy_bytes(logical_buffer.data(), src.data(), std::size_t(entries) * 4);
     }
     groups[g]->set_logical_topk_ready(index, *compute);
     groups[g]->prepare_for_batch(index, batch, *compute);
     const TopkConversion result = groups[g]->convert_logical_to_physical_topk(index, *compute, logical_buffer, batch, 0, true);
-    compute->copy_bytes(attention.as<std::int32_t>() + l * std::size_t(entries), result.physical.data(), std::size_t(entries) * 4);
-    compute->copy_bytes(counts.as<std::int32_t>() + l * std::size_t(o.requests), result.valid_counts.data(), std::size_t(o.requests) * 4);
+    compute->copy_bytes(attention.data_as<std::int32_t>() + l * std::size_t(entries), result.physical.data(), std::size_t(entries) * 4);
+    compute->copy_bytes(counts.data_as<std::int32_t>() + l * std::size_t(o.requests), result.valid_counts.data(), std::size_t(o.requests) * 4);
   }
-  const auto all_attention = scratch.download<std::int32_t>(*compute, Tensor::of(attention, DType::i32, {std::int64_t(attention.bytes() / 4)}));
-  const auto all_counts = scratch.download<std::int32_t>(*compute, Tensor::of(counts, DType::i32, {std::int64_t(counts.bytes() / 4)}));
+  const auto all_attention = scratch.download<std::int32_t>(attention);
+  const auto all_counts = scratch.download<std::int32_t>(counts);
   std::vector<reference::HiSparseResult> want;
   for (std::size_t g = 0; g < groups.size(); ++g) want.push_back(reference::resolve_model(tables, steps[g], models[g]));
   for (std::size_t l = 0; l < layers.size(); ++l) {
@@ -389,7 +340,7 @@ void HiSparseRun::decode_step(int step) {
 // One layer: attention indices and counts as the model says, and the bytes
 // each index reads are the row the layer wrote for that position.
 void HiSparseRun::check_layer(std::size_t layer, const reference::HiSparseStep& step, const reference::HiSparseResult& want,
-                              const std::vector<std::int32_t>& attention, const std::vector<std::int32_t>& counts, Scratch& scratch) {
+                              const std::vector<std::int32_t>& attention, const std::vector<std::int32_t>& counts, SyntheticStaging& scratch) {
   ++tally.checked_results;
   const std::string name = "layer " + std::to_string(layer);
   for (std::size_t i = 0; i < attention.size(); ++i) {
@@ -399,7 +350,7 @@ void HiSparseRun::check_layer(std::size_t layer, const reference::HiSparseStep& 
   }
   if (counts != want.valid_counts) tally.note(name + ": valid counts differ from the model");
   HiSparseMLAIndexGroup& group = *groups[group_of[layer]];
-  const auto cache = scratch.download<std::uint8_t>(*compute, group.cache(layers[layer].index_in_group).attention_cache());
+  const auto cache = scratch.download<std::uint8_t>(group.cache(layers[layer].index_in_group).attention_cache());
   for (std::size_t i = 0; i < attention.size(); ++i) {
     const std::int32_t tok = step.logical[i];
     if (tok < 0 || attention[i] < 0) continue;
@@ -413,17 +364,17 @@ void HiSparseRun::check_layer(std::size_t layer, const reference::HiSparseStep& 
 
 // The slot state as the model says, and every occupied slot of every layer
 // holds the host pool's row (and the pool holds what the layer wrote).
-void HiSparseRun::check_hot_caches(std::size_t g, Scratch& scratch) {
+void HiSparseRun::check_hot_caches(std::size_t g, SyntheticStaging& scratch) {
   HiSparseMLAIndexGroup& group = *groups[g];
-  const auto slot_rows = scratch.download<std::int32_t>(*compute, group.slot_rows());
-  const auto lru = scratch.download<std::int16_t>(*compute, group.lru());
+  const auto slot_rows = scratch.download<std::int32_t>(group.slot_rows());
+  const auto lru = scratch.download<std::int16_t>(group.lru());
   if (slot_rows != models[g].slot_rows || lru != models[g].lru) tally.note("group " + std::to_string(g) + ": slot state differs from the model");
   const std::int32_t H = tables.hot_slots, bs = o.block_size;
   const std::int64_t stride = group.config().attention_block_stride;
   for (std::size_t l = 0; l < layers.size(); ++l) {
     if (group_of[l] != g) continue;
     const HiSparseCacheHandle& cache = group.cache(layers[l].index_in_group);
-    const auto hot = scratch.download<std::uint8_t>(*compute, cache.attention_cache());
+    const auto hot = scratch.download<std::uint8_t>(cache.attention_cache());
     const auto* pool = static_cast<const std::uint8_t*>(cache.host_pool().data());  // pinned: readable here after the synchronize
     for (std::size_t i = 0; i < slot_rows.size(); ++i) {
       const std::int32_t row = slot_rows[i];
@@ -446,7 +397,7 @@ bool HiSparseRun::once_per_group() const {
   return true;
 }
 
-void HiSparseRun::write_json(std::ostream& out, const std::string& backend, bool ok) {
+SyntheticReport HiSparseRun::report(const std::string& backend) {
   HiSparseCounters total;
   HiSparseFootprint footprint;
   std::uint64_t resolves = 0;
@@ -459,54 +410,26 @@ void HiSparseRun::write_json(std::ostream& out, const std::string& backend, bool
     footprint.device_bytes += g->footprint().device_bytes;
     resolves += g->resolves();
   }
-  nlohmann::ordered_json doc;
-  doc["ok"] = ok;
-  doc["backend"] = backend;
-  doc["hisparse"] = true;
-  doc["layers"] = o.layers;
-  doc["index_every"] = o.index_every;
-  doc["groups"] = groups.size();
-  doc["requests"] = o.requests;
-  doc["topk"] = o.topk;
-  doc["hot_slots"] = tables.hot_slots;
-  doc["block_size"] = o.block_size;
-  doc["context"] = o.context;
-  doc["seed"] = seed;
-  doc["prefill_tokens"] = prefill_tokens;
-  doc["staged_rows"] = staged_rows;
-  doc["decode_steps"] = o.steps;
-  doc["decode_conversions"] = resolves;  // one resolve per group per decode step
-  doc["expected_decode_conversions"] = groups.size() * std::uint64_t(o.steps);
-  doc["checked_layer_results"] = tally.checked_results;
-  doc["checked_rows"] = tally.checked_rows;
-  doc["mismatches"] = tally.mismatches;
-  doc["hits"] = total.hits;
-  doc["misses"] = total.misses;
-  doc["bytes_moved"] = total.bytes_moved;
-  doc["host_bytes"] = footprint.host_bytes;
-  doc["device_bytes"] = footprint.device_bytes;
-  doc["first_mismatches"] = tally.first;
-  out << doc.dump() << "\n";
-}
-
-void HiSparseRun::write_text(std::ostream& out, const std::string& backend, bool ok) {
-  HiSparseCounters total;
-  for (HiSparseMLAIndexGroup* g : groups) {
-    const HiSparseCounters c = g->counters();
-    total.hits += c.hits;
-    total.misses += c.misses;
-    total.bytes_moved += c.bytes_moved;
-  }
-  out << "HiSparse synthetic schedule on " << backend << " (seed " << seed << "): " << o.layers << " layers, "
-      << groups.size() << " groups, " << o.requests << " requests, top-k " << o.topk << ", " << tables.hot_slots
-      << " hot slots, block size " << o.block_size << "\n"
-      << "  prefill: " << prefill_tokens << " rows mirrored, " << staged_rows << " staged rows per layer\n"
-      << "  decode steps: " << o.steps << ", hits " << total.hits << ", misses " << total.misses << ", "
-      << total.bytes_moved << " bytes moved\n"
-      << "  checked " << tally.checked_results << " layer results and " << tally.checked_rows << " rows, "
-      << tally.mismatches << " mismatches\n";
-  for (const std::string& m : tally.first) out << "  mismatch: " << m << "\n";
-  out << (ok ? "ok" : "FAILED") << "\n";
+  SyntheticReport r;
+  r.fields = {{"backend", backend}, {"hisparse", true}, {"layers", o.layers}, {"index_every", o.index_every},
+              {"groups", groups.size()}, {"requests", o.requests}, {"topk", o.topk}, {"hot_slots", tables.hot_slots},
+              {"block_size", o.block_size}, {"context", o.context}, {"seed", seed},
+              {"prefill_tokens", prefill_tokens}, {"staged_rows", staged_rows}, {"decode_steps", o.steps},
+              // one resolve per group per decode step
+              {"decode_conversions", resolves}, {"expected_decode_conversions", groups.size() * std::uint64_t(o.steps)},
+              {"hits", total.hits}, {"misses", total.misses}, {"bytes_moved", total.bytes_moved},
+              {"host_bytes", footprint.host_bytes}, {"device_bytes", footprint.device_bytes}};
+  std::ostringstream heading;
+  heading << "HiSparse synthetic schedule on " << backend << " (seed " << seed << "): " << o.layers << " layers, "
+          << groups.size() << " groups, " << o.requests << " requests, top-k " << o.topk << ", " << tables.hot_slots
+          << " hot slots, block size " << o.block_size;
+  r.lines.push_back(heading.str());
+  r.lines.push_back("  prefill: " + std::to_string(prefill_tokens) + " rows mirrored, " + std::to_string(staged_rows) +
+                    " staged rows per layer");
+  r.lines.push_back("  decode steps: " + std::to_string(o.steps) + ", hits " + std::to_string(total.hits) +
+                    ", misses " + std::to_string(total.misses) + ", " + std::to_string(total.bytes_moved) +
+                    " bytes moved");
+  return r;
 }
 
 }  // namespace
@@ -517,11 +440,7 @@ int run_hisparse_synthetic(const std::string& backend, bool json, const Syntheti
   run.prefill_step();
   for (int step = 1; step <= options.steps; ++step) run.decode_step(step);
   const bool ok = run.tally.mismatches == 0 && run.once_per_group();
-  if (json) {
-    run.write_json(out, backend, ok);
-  } else {
-    run.write_text(out, backend, ok);
-  }
+  run.report(backend).write(out, json, run.tally, ok);
   return ok ? exit_ok : exit_mismatch;
 }
 

@@ -9,9 +9,8 @@
 
 #include "commands.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/kernels.hpp"
 #include "synthetic.hpp"
-#include "validate.hpp"
+#include "validation/cases.hpp"
 
 namespace sparse_mla::cli {
 
@@ -61,7 +60,7 @@ void print_json(const ValidateOptions& o, const Device& device, const std::vecto
   }
   doc["ok"] = ok;
   doc["backend"] = o.backend;
-  doc["execution_space"] = device.kernels().execution_space();
+  doc["execution_space"] = device.execution_space();
   doc["fp8_format"] = o.fp8_format.empty() ? "per file" : o.fp8_format;
   doc["cases"] = cases;
   if (!synthetic.is_null()) {

@@ -17,7 +17,6 @@
 #include "commands.hpp"
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/error.hpp"
-#include "sparse_mla/kernels.hpp"
 #include "sparse_mla/kokkos_runtime.hpp"
 
 namespace sparse_mla::cli {
@@ -153,10 +152,9 @@ CaseResult run_case(Device& device, Stream& stream, const CaseSpec& spec, const 
 
 int run_bench(const BenchOptions& o) {
   std::shared_ptr<Device> device = open_device(o.backend, o.device);
-  const Kernels& kernels = device->kernels();
   Settings s = settle(o, device->info());
   s.run.kokkos = kokkos_version();
-  s.run.execution_space = kernels.execution_space();
+  s.run.execution_space = device->execution_space();
   BenchConfig config;
   config.quick = o.quick;
   config.seed = o.seed;

@@ -1,0 +1,43 @@
+// One layer's HiSparse caches (SPEC section 5): the pinned host pool that
+// holds the layer's full KV cache, and the hot cache attention reads (H
+// slots per state row). Implemented by core/src/hisparse_cache.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "sparse_mla/device.hpp"
+#include "sparse_mla/hisparse_config.hpp"
+#include "sparse_mla/tensor.hpp"
+
+namespace sparse_mla {
+
+// One layer's caches: the pinned host pool (the layer's full KV cache) and
+// the hot cache attention reads (H slots per state row).
+class HiSparseCacheHandle {
+ public:
+  // Allocates both caches; the hot cache is zeroed on `stream`.
+  HiSparseCacheHandle(Device& device, Stream& stream, const HiSparseConfig& config, std::int64_t row_bytes);
+
+  std::int64_t row_bytes() const { return row_bytes_; }
+  // uint8 [host_pool_rows, row_bytes], pinned host memory.
+  const Tensor& host_pool() const { return host_pool_; }
+  // uint8 [hot blocks, block_size, row_bytes] with a block stride of
+  // attention_block_stride rows: state row s owns blocks s * hot_blocks_per_state ...
+  const Tensor& hot_cache() const { return hot_cache_; }
+  // The hot cache as attention reads it: uint8 [hot blocks * attention_block_stride, row_bytes].
+  const Tensor& attention_cache() const { return attention_cache_; }
+  Event& ready() const { return *ready_; }
+  Event& prefill_ready() const { return *prefill_ready_; }
+  HiSparseFootprint footprint() const;
+
+ private:
+  std::int64_t row_bytes_;
+  OwnedTensor host_pool_;
+  OwnedTensor attention_cache_;
+  Tensor hot_cache_;  // a view of attention_cache_
+  std::unique_ptr<Event> ready_;
+  std::unique_ptr<Event> prefill_ready_;
+};
+
+}  // namespace sparse_mla
