@@ -38,7 +38,7 @@ std::string MismatchLog::position(const std::vector<std::int64_t>& shape, std::i
   return index_string(shape, flat);
 }
 
-// ---- hisparse_sequence: the HiSparse replay (core/src/hisparse_replay.cpp) ----
+// ---- hisparse_sequence: the HiSparse replay (hisparse_replay.cpp) ----
 
 PreparedCase prepare_hisparse_sequence(std::shared_ptr<const SafetensorsFile> file) {
   return [file](const ValidateContext& context) {

@@ -10,7 +10,7 @@
 namespace sparse_mla {
 
 // SPEC section 5's prefill staging plan (compact block table, host row ids,
-// resident device row ids). Defined by the HiSparse code (hisparse.hpp).
+// resident device row ids). Defined in hisparse_prefill.hpp.
 struct HiSparsePrefillStagingPlan;
 // The per-step tables of a HiSparse decode step (hisparse_config.hpp).
 struct HiSparseBatch;

@@ -1,5 +1,5 @@
 // HiSparse configuration and per-step tables (SPEC section 5). Kept apart
-// from hisparse.hpp so that the index-group headers can carry them without
+// from hisparse_group.hpp so that the index-group headers can carry them without
 // depending on the HiSparse group itself.
 #pragma once
 

@@ -1,6 +1,6 @@
 // A downstream program: opens the host device, copies through two streams
 // joined by an event, and checks the bytes.
-#include <sparse_mla/device.hpp>
+#include <sparse_mla/sparse_mla.hpp>
 
 #include <cstdio>
 #include <cstring>

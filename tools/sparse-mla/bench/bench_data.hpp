@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "sparse_mla/device.hpp"
+#include "sparse_mla/tensor.hpp"
 
 namespace sparse_mla::cli {
 
@@ -29,27 +30,27 @@ class BenchRng {
   std::uint64_t state_;
 };
 
-// Copies host `values` to `dst` at byte `offset` through a staging buffer and
-// waits for the copy.
-template <class T>
-void upload_to(Device& device, Stream& stream, Buffer& dst, std::size_t offset, const std::vector<T>& values) {
-  const std::size_t bytes = values.size() * sizeof(T);
-  if (bytes == 0) return;
-  Buffer staging = device.allocate(bytes, MemoryKind::host);
-  std::memcpy(staging.data(), values.data(), bytes);
-  stream.copy(dst, offset, staging, 0, bytes);
-  stream.synchronize();
+// `bytes` bytes of `buffer` from byte `offset`, as a u8 tensor.
+inline Tensor bytes_at(const Buffer& buffer, std::size_t offset, std::size_t bytes) {
+  return Tensor::of(buffer, DType::u8, {static_cast<std::int64_t>(buffer.bytes())})
+      .rows(static_cast<std::int64_t>(offset), static_cast<std::int64_t>(offset + bytes));
 }
 
+// Copies host `values` to `dst` at byte `offset` and waits for the copy
+// (sparse_mla::upload_bytes).
 template <class T>
-std::vector<T> download_from(Device& device, Stream& stream, const Buffer& src, std::size_t offset,
-                             std::size_t count) {
+void upload_to(Device&, Stream& stream, Buffer& dst, std::size_t offset, const std::vector<T>& values) {
+  const std::size_t bytes = values.size() * sizeof(T);
+  if (bytes == 0) return;
+  upload_bytes(stream, values.data(), bytes, bytes_at(dst, offset, bytes));
+}
+
+// `count` values of `src` from byte `offset` (sparse_mla::download_bytes).
+template <class T>
+std::vector<T> download_from(Device&, Stream& stream, const Buffer& src, std::size_t offset, std::size_t count) {
   std::vector<T> values(count);
   if (count == 0) return values;
-  Buffer staging = device.allocate(count * sizeof(T), MemoryKind::host);
-  stream.copy(staging, 0, src, offset, count * sizeof(T));
-  stream.synchronize();
-  std::memcpy(values.data(), staging.data(), count * sizeof(T));
+  download_bytes(stream, bytes_at(src, offset, count * sizeof(T)), values.data());
   return values;
 }
 

@@ -17,10 +17,7 @@ namespace sparse_mla::cli {
 
 namespace {
 
-constexpr std::int32_t K = HiSparseShape::top_k;
-constexpr std::int32_t H = HiSparseShape::hot_slots;
-constexpr std::int32_t block = HiSparseShape::block_size;
-constexpr std::int64_t row_bytes = HiSparseShape::row_bytes;
+using namespace hisparse_shape;
 
 class GatherCase final : public BenchCase {
  public:

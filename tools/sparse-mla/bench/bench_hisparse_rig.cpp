@@ -12,10 +12,7 @@ namespace sparse_mla::cli {
 
 namespace {
 
-constexpr std::int32_t K = HiSparseShape::top_k;
-constexpr std::int32_t H = HiSparseShape::hot_slots;
-constexpr std::int32_t block = HiSparseShape::block_size;
-constexpr std::int64_t row_bytes = HiSparseShape::row_bytes;
+using namespace hisparse_shape;
 
 std::string at(const char* what, std::int32_t row, std::int64_t j) {
   return std::string(what) + "[" + std::to_string(row) + ", " + std::to_string(j) + "]";

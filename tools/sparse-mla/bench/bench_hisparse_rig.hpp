@@ -29,6 +29,13 @@ struct HiSparseShape {
   static constexpr std::int64_t row_bytes = 656;
   static constexpr std::int32_t hot_blocks_per_row = hot_slots / block_size;
 };
+// The shape's short names, for the HiSparse cases' sources.
+namespace hisparse_shape {
+inline constexpr std::int32_t K = HiSparseShape::top_k;
+inline constexpr std::int32_t H = HiSparseShape::hot_slots;
+inline constexpr std::int32_t block = HiSparseShape::block_size;
+inline constexpr std::int64_t row_bytes = HiSparseShape::row_bytes;
+}  // namespace hisparse_shape
 
 // Word `i` (8 bytes) of a benchmark's host pool.
 inline std::uint64_t pool_word(std::uint64_t seed, std::uint64_t i) { return BenchRng(seed ^ (i * 0xD1B54A32D192ED03ULL)).next(); }
