@@ -56,7 +56,7 @@ void check_lru_rows(const SafetensorsFile& file, const TensorRecord& lru, std::i
 
 class Replay {
  public:
-  Replay(Device& device, const SafetensorsFile& file) : device_(device), file_(file), scratch_(device) {}
+  Replay(Device& device, const SafetensorsFile& file) : file_(file), scratch_(device) {}
 
   HiSparseReplay run() {
     read_dimensions();
@@ -202,7 +202,6 @@ class Replay {
   void poison(const Tensor& t, std::int32_t value) { scratch_.poison(t, value); }
   std::vector<std::uint8_t> download(const Tensor& t) { return scratch_.download(t); }
 
-  Device& device_;
   const SafetensorsFile& file_;
   std::int64_t K_ = 0, H_ = 0, rows_ = 0, steps_ = 0, host_rows_ = 0, row_bytes_ = 0, hot_block_size_ = 0;
   Tensor host_pool_, source_, resident_, slot_rows_, lru_, hot_cache_, counters_;
