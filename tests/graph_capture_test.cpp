@@ -175,6 +175,37 @@ TEST_P(GraphCaptureTest, WholeDecodeStepReplaysWithNewInputsInPlace) {
   EXPECT_EQ(m->layers[0].group->conversion_counts().decode, counted);
 }
 
+// The engine captures: the compute stream is the engine's own native stream,
+// wrapped (Device::wrap_stream), and the capture is begun and ended on the
+// native stream by its owner, not through the wrapper. The library sees the
+// capture (is_capturing) and the graph replays with new inputs in place.
+TEST_P(GraphCaptureTest, TheEngineCapturesAWholeDecodeStepOnItsOwnStream) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(63);
+  auto engine = device->create_stream();  // stands for the engine's cudaStream_t / hipStream_t
+  auto compute = device->wrap_stream(engine->native_handle());
+  auto m = make_model(device);
+  StepInputs in = write_inputs(*device, *compute, *m, rng);
+  decode_step(*compute, *m);
+  compute->synchronize();
+  expect_every_layer(*device, *compute, *m, in, -1);
+
+  EXPECT_FALSE(compute->is_capturing());
+  engine->begin_capture();  // cudaStreamBeginCapture on the engine's stream
+  EXPECT_TRUE(compute->is_capturing());
+  decode_step(*compute, *m);
+  std::unique_ptr<Graph> graph = engine->end_capture();
+  EXPECT_FALSE(compute->is_capturing());
+
+  for (int replay = 0; replay < 4; ++replay) {
+    in = write_inputs(*device, *compute, *m, rng);
+    for (auto& out : m->layer_out) compute->fill(out, 0, poison_byte, out.bytes());
+    graph->replay(*engine);
+    engine->synchronize();
+    expect_every_layer(*device, *compute, *m, in, replay);
+  }
+}
+
 TEST_P(GraphCaptureTest, PiecewiseModeConvertsEagerlyBetweenCapturedPieces) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(62);

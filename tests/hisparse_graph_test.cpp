@@ -175,7 +175,13 @@ class HostGate {
 // model of all of it.
 class StepRig {
  public:
-  StepRig(std::shared_ptr<Device> d, std::mt19937_64& rng) : device_(std::move(d)), compute_(device_->create_stream()), rng_(rng) {
+  // engine_stream: the compute stream is the engine's own native stream,
+  // wrapped (Device::wrap_stream); engine() is its owner, which captures.
+  StepRig(std::shared_ptr<Device> d, std::mt19937_64& rng, bool engine_stream = false)
+      : device_(std::move(d)),
+        engine_(engine_stream ? device_->create_stream() : nullptr),
+        compute_(engine_ ? device_->wrap_stream(engine_->native_handle()) : device_->create_stream()),
+        rng_(rng) {
     logical_storage_ = device_->allocate(std::size_t(logical_rows * K) * 4, MemoryKind::device);
     logical_buffer_ = Tensor::of(logical_storage_, DType::i32, {logical_rows, K});
     builder_ = std::make_unique<SparseMLAIndexGroupBuilder>(device_, logical_buffer_, max_decode_rows);
@@ -253,6 +259,7 @@ class StepRig {
   }
 
   Stream& compute() { return *compute_; }
+  Stream& engine() { return engine_ ? *engine_ : *compute_; }
 
   // Host backend: every task of the groups' side streams (side = true) or of
   // the compute stream (false) first sleeps `us` microseconds; 0 = neither.
@@ -648,6 +655,7 @@ class StepRig {
   }
 
   std::shared_ptr<Device> device_;
+  std::unique_ptr<Stream> engine_;  // the engine's stream, when compute_ wraps it
   std::unique_ptr<Stream> compute_;
   std::mt19937_64& rng_;
   Buffer logical_storage_;
@@ -744,6 +752,32 @@ TEST_P(HiSparseGraphTest, WholeDecodeStepReplaysWithNewSelectionsInPlace) {
   }
   // The warm-up and the capture queued work on the host; replays re-run the
   // captured work without queueing more, and the device counters saw every step.
+  rig.check_totals(2);
+}
+
+// The same with the engine's own stream, wrapped, captured by the engine on
+// the native stream (not through the library's wrapper).
+TEST_P(HiSparseGraphTest, TheEngineCapturesAWholeDecodeStepOnItsOwnStream) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(83);
+  StepRig rig(device, rng, true);
+  run_eager_step(rig, 0);
+  if (HasFailure()) return;
+  Stream& engine = rig.engine();
+  engine.begin_capture();
+  EXPECT_TRUE(rig.compute().is_capturing());
+  rig.queue_step(rig.compute());
+  const std::unique_ptr<Graph> graph = engine.end_capture();
+  for (int s = 1; s <= steps; ++s) {
+    const StepPlan plan = rig.make_plan(s);
+    rig.write_inputs(plan);
+    rig.poison();
+    graph->replay(engine);
+    engine.synchronize();
+    rig.advance_model(plan);
+    rig.check("step " + std::to_string(s) + " (engine graph replay " + std::to_string(s - 1) + ")");
+    if (HasFailure()) return;
+  }
   rig.check_totals(2);
 }
 

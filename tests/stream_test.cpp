@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
+#include <string>
 #include <numeric>
 #include <vector>
 
 #include "backend_test.hpp"
 #include "host/host_device.hpp"
 #include "sparse_mla/error.hpp"
+#include "sparse_mla/fill.hpp"
 #include "sparse_mla/host_debug.hpp"
 #include "kernels.hpp"
 #include "test_util.hpp"
@@ -189,6 +192,69 @@ TEST_P(StreamTest, KernelsRunInStreamOrder) {
     const auto values = download<std::int32_t>(*device, *b, y, static_cast<std::size_t>(n));
     for (auto v : values) ASSERT_EQ(v, trial);
   }
+}
+
+// An engine's stream and event (here: native handles of the library's own,
+// which the engine would have made itself) work wherever the library takes
+// a Stream or an Event, kernels included, and the library never destroys
+// them. The host backend has no native handles and says so.
+TEST_P(StreamTest, WrappedNativeStreamsAndEventsWorkAndStayTheEngines) {
+  auto engine_stream = device->create_stream();
+  auto engine_event = device->create_event();
+  if (device->backend() == Backend::host) {
+    for (const auto& call : {std::function<void()>([&] { (void)device->wrap_stream(nullptr); }),
+                             std::function<void()>([&] { (void)device->wrap_event(engine_event.get()); })}) {
+      try {
+        call();
+        ADD_FAILURE() << "the host backend wrapped a native handle";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("the host backend has no native"), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_EQ(engine_stream->native_handle(), nullptr);
+    EXPECT_EQ(engine_event->native_handle(), nullptr);
+    EXPECT_FALSE(engine_stream->is_capturing());
+    return;
+  }
+  ASSERT_NE(engine_event->native_handle(), nullptr);
+  const std::int64_t n = 5000;
+  Buffer x = device->allocate(n * 4, MemoryKind::device);
+  Buffer y = device->allocate(n * 4, MemoryKind::device);
+  auto other = device->create_stream();
+  for (int trial = 0; trial < 3; ++trial) {
+    auto wrapped = device->wrap_stream(engine_stream->native_handle());
+    auto wrapped_event = device->wrap_event(engine_event->native_handle());
+    EXPECT_EQ(wrapped->native_handle(), engine_stream->native_handle());
+    EXPECT_EQ(wrapped_event->native_handle(), engine_event->native_handle());
+    EXPECT_EQ(&wrapped->device(), device.get());
+    fill_i32(*wrapped, Tensor::of(x, DType::i32, {n}), trial + 1);  // a kernel on the engine's stream
+    wrapped_event->record(*wrapped);
+    other->wait(*engine_event);  // the engine's own handle sees the wrapped record
+    other->copy(y, 0, x, 0, y.bytes());
+    const auto values = download<std::int32_t>(*device, *other, y, static_cast<std::size_t>(n));
+    for (auto v : values) ASSERT_EQ(v, trial + 1);
+    EXPECT_TRUE(engine_event->query());
+  }  // the wrappers go; the native stream and event stay usable
+  fill_i32(*engine_stream, Tensor::of(x, DType::i32, {n}), 9);
+  engine_event->record(*engine_stream);
+  engine_event->synchronize();
+  EXPECT_EQ(download<std::int32_t>(*device, *engine_stream, x, 1), std::vector<std::int32_t>{9});
+  EXPECT_THROW((void)device->wrap_event(nullptr), Error);
+}
+
+// is_capturing tells whether work queued now is captured, whoever began the
+// capture: the same native stream seen through a wrapper reports it too.
+TEST_P(StreamTest, IsCapturingFollowsTheCaptureOfTheNativeStream) {
+  auto stream = device->create_stream();
+  EXPECT_FALSE(stream->is_capturing());
+  if (device->backend() == Backend::host) return;  // no graphs
+  auto wrapped = device->wrap_stream(stream->native_handle());
+  EXPECT_FALSE(wrapped->is_capturing());
+  stream->begin_capture();
+  EXPECT_TRUE(stream->is_capturing());
+  EXPECT_TRUE(wrapped->is_capturing());
+  auto graph = stream->end_capture();
+  EXPECT_FALSE(wrapped->is_capturing());
 }
 
 TEST_P(StreamTest, SynchronizeOnAnIdleStreamReturns) {

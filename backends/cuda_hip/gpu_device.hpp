@@ -134,7 +134,12 @@ class GpuEvent final : public Event {
     check<R>("EventCreateWithFlags",
              R::EventCreateWithFlags(&event_, timing ? R::event_default : R::event_disable_timing));
   }
-  ~GpuEvent() override { (void)R::EventDestroy(event_); }
+  // The engine's event: used, never destroyed. Whether it times is the
+  // engine's choice; elapsed_ms lets the runtime say.
+  GpuEvent(GpuDevice<R>& device, typename R::event_t native) : device_(device), timing_(true), owned_(false), event_(native) {}
+  ~GpuEvent() override {
+    if (owned_) (void)R::EventDestroy(event_);
+  }
   GpuEvent(const GpuEvent&) = delete;
   GpuEvent& operator=(const GpuEvent&) = delete;
 
@@ -155,6 +160,7 @@ class GpuEvent final : public Event {
   void synchronize() override { check<R>("EventSynchronize", R::EventSynchronize(event_)); }
   Device& device() const override { return device_; }
   typename R::event_t native() const { return event_; }
+  void* native_handle() const override { return static_cast<void*>(event_); }
 
   double elapsed_ms(Event& start) override {
     auto* begin = dynamic_cast<GpuEvent<R>*>(&start);
@@ -168,6 +174,7 @@ class GpuEvent final : public Event {
  private:
   GpuDevice<R>& device_;
   bool timing_;
+  bool owned_ = true;
   typename R::event_t event_ = nullptr;
 };
 
@@ -195,9 +202,12 @@ class GpuStream final : public Stream {
     DeviceGuard<R> guard(device_.index());
     check<R>("StreamCreateWithFlags", R::StreamCreateWithFlags(&stream_, R::stream_non_blocking));
   }
+  // The engine's stream: used, never destroyed.
+  GpuStream(GpuDevice<R>& device, typename R::stream_t native)
+      : device_(device), join_(device, false), stream_(native), owned_(false) {}
   ~GpuStream() override {
     release_kernel_context();  // the Kokkos instance goes first, while the stream exists
-    (void)R::StreamDestroy(stream_);
+    if (owned_) (void)R::StreamDestroy(stream_);
   }
   GpuStream(const GpuStream&) = delete;
   GpuStream& operator=(const GpuStream&) = delete;
@@ -250,6 +260,11 @@ class GpuStream final : public Stream {
     DeviceGuard<R> guard(device_index());
     check<R>("StreamSynchronize", R::StreamSynchronize(stream_));
   }
+  bool is_capturing() const override {
+    typename R::capture_status_t status{};
+    check<R>("StreamIsCapturing", R::StreamIsCapturing(stream_, &status));
+    return status != R::capture_none;
+  }
 
   // Streams joined to this one through events (Stream::wait on an event
   // recorded here) are captured too, and must join back before end_capture.
@@ -272,6 +287,7 @@ class GpuStream final : public Stream {
   GpuDevice<R>& device_;
   GpuEvent<R> join_;
   typename R::stream_t stream_ = nullptr;
+  bool owned_ = true;
 };
 
 template <class R>
@@ -288,6 +304,12 @@ class GpuDevice final : public Device {
 
  protected:
   std::unique_ptr<Stream> make_stream() override { return std::make_unique<GpuStream<R>>(*this); }
+  std::unique_ptr<Stream> make_wrapped_stream(void* native) override {
+    return std::make_unique<GpuStream<R>>(*this, static_cast<typename R::stream_t>(native));
+  }
+  std::unique_ptr<Event> make_wrapped_event(void* native) override {
+    return std::make_unique<GpuEvent<R>>(*this, static_cast<typename R::event_t>(native));
+  }
 
   void* allocate_raw(std::size_t bytes, MemoryKind kind) override {
     switch (kind) {

@@ -63,6 +63,8 @@
     /* Our own thread may make no unsafe call (an allocation, a sync) while */                     \
     /* it captures; other threads are not affected. */                                             \
     static constexpr auto capture_mode = api##StreamCaptureModeThreadLocal;                        \
+    using capture_status_t = api##StreamCaptureStatus;                                             \
+    static constexpr auto capture_none = api##StreamCaptureStatusNone;                             \
     static constexpr auto memcpy_default = api##MemcpyDefault;                                     \
                                                                                                    \
     static const char* error_name(error_t error) { return api##GetErrorName(error); }              \
@@ -92,6 +94,7 @@
     SPARSE_MLA_GPU_FORWARD(api, EventElapsedTime)                                                  \
     SPARSE_MLA_GPU_FORWARD(api, StreamBeginCapture)                                                \
     SPARSE_MLA_GPU_FORWARD(api, StreamEndCapture)                                                  \
+    SPARSE_MLA_GPU_FORWARD(api, StreamIsCapturing)                                                 \
     SPARSE_MLA_GPU_FORWARD(api, GraphInstantiateWithFlags)                                         \
     SPARSE_MLA_GPU_FORWARD(api, GraphLaunch)                                                       \
     SPARSE_MLA_GPU_FORWARD(api, GraphExecDestroy)                                                  \

@@ -106,6 +106,27 @@ std::unique_ptr<Stream> Device::create_stream() {
   return stream;
 }
 
+std::unique_ptr<Stream> Device::wrap_stream(void* native) {
+  std::unique_ptr<Stream> stream = make_wrapped_stream(native);
+  if (kernels_ != nullptr) kernels_->bind(*stream);
+  return stream;
+}
+
+std::unique_ptr<Event> Device::wrap_event(void* native) {
+  if (native == nullptr) fail("Device::wrap_event", "the native event is null");
+  return make_wrapped_event(native);
+}
+
+std::unique_ptr<Stream> Device::make_wrapped_stream(void*) {
+  fail("Device::wrap_stream", "the ", backend_name(backend()),
+       " backend has no native streams to wrap; use Device::create_stream");
+}
+
+std::unique_ptr<Event> Device::make_wrapped_event(void*) {
+  fail("Device::wrap_event", "the ", backend_name(backend()),
+       " backend has no native events to wrap; use Device::create_event");
+}
+
 const Kernels& Device::kernels() const {
   if (kernels_ == nullptr) {
     fail("Device::kernels", "this build has no ", backend_name(backend()),

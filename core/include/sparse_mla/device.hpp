@@ -80,6 +80,8 @@ class Event {
   // Milliseconds from `start`'s completed record to this event's completed
   // record. Both must be timing events (Device::create_event(true)).
   virtual double elapsed_ms(Event& start) = 0;
+  // The native handle (cudaEvent_t, hipEvent_t); nullptr on the host backend.
+  virtual void* native_handle() const { return nullptr; }
 };
 
 // Work captured from a stream, replayed as one unit (a CUDA or HIP graph).
@@ -114,8 +116,13 @@ class Stream {
   virtual void wait(Stream& other) = 0;
   // Blocks the calling thread until everything queued so far has run.
   virtual void synchronize() = 0;
-  // The native handle (cudaStream_t, hipStream_t); nullptr on the host backend.
+  // The native handle (cudaStream_t, hipStream_t); nullptr on the host
+  // backend (and for a wrapped legacy default stream).
   virtual void* native_handle() const = 0;
+  // Whether work queued now is being captured into a graph, whoever began
+  // the capture (Stream::begin_capture, or the engine on the native stream,
+  // or a stream joined to a capturing one). Never on the host backend.
+  virtual bool is_capturing() const { return false; }
 
   // Graph capture: work queued between the two calls (on this stream, and on
   // streams forked from it through events) is recorded instead of run.
@@ -163,6 +170,17 @@ class Device : public std::enable_shared_from_this<Device> {
   // Ordering-only events unless `timing` is set (timing costs on GPUs).
   virtual std::unique_ptr<Event> create_event(bool timing = false) = 0;
 
+  // The engine's own stream (a cudaStream_t or hipStream_t of this device;
+  // nullptr is the legacy default stream) as a Stream: usable wherever the
+  // library takes one, the kernels' Kokkos instance bound to it here, once.
+  // The library never destroys the native stream; the engine keeps it alive
+  // while the returned Stream and the work queued on it live. The host
+  // backend has no native streams and throws Error saying so.
+  std::unique_ptr<Stream> wrap_stream(void* native);
+  // The engine's own event (cudaEvent_t, hipEvent_t), never destroyed by the
+  // library. The host backend throws Error.
+  std::unique_ptr<Event> wrap_event(void* native);
+
   // Whether this build has kernels for this backend (a CUDA or HIP native
   // layer built without a GPU-enabled Kokkos has none: its operations throw).
   bool has_kernels() const { return kernels_ != nullptr; }
@@ -177,6 +195,10 @@ class Device : public std::enable_shared_from_this<Device> {
   virtual void* allocate_raw(std::size_t bytes, MemoryKind kind) = 0;
   virtual void free_raw(void* data, MemoryKind kind) noexcept = 0;
   virtual std::unique_ptr<Stream> make_stream() = 0;
+  // Backends with native streams and events override these; the defaults
+  // throw Error naming the backend.
+  virtual std::unique_ptr<Stream> make_wrapped_stream(void* native);
+  virtual std::unique_ptr<Event> make_wrapped_event(void* native);
 
  private:
   friend class Buffer;
