@@ -100,7 +100,7 @@ std::vector<std::int32_t> random_logical(std::mt19937_64& rng, const Tables& t, 
 }
 
 reference::TopkOutputs expected(const Tables& t, const std::vector<std::int32_t>& logical, std::int64_t num_tokens,
-                                std::int64_t top_k, std::int32_t block_stride_rows = 0) {
+                                std::int64_t top_k, std::int32_t block_stride_rows = 0, const DcpConfig& dcp = {}) {
   reference::TopkInputs in;
   in.num_tokens = num_tokens;
   in.num_topk = top_k;
@@ -110,7 +110,11 @@ reference::TopkOutputs expected(const Tables& t, const std::vector<std::int32_t>
   in.req_id = t.req_id;
   in.block_table = t.block_table;
   in.logical = logical;
-  return reference::convert_topk(in);
+  in.dcp_size = dcp.size;
+  in.dcp_rank = dcp.rank;
+  in.dcp_interleave = dcp.interleave;
+  in.dcp_compact = dcp.compact;
+  return reference::convert_topk_dcp(in);
 }
 
 // The engine's indexer: writes `logical` into the buffer on the compute
@@ -272,6 +276,51 @@ TEST_P(IndexGroupTest, DecodeStepsConvertOncePerGroupAndEveryLayerMatchesTheRefe
       EXPECT_EQ(group->conversion_counts().decode, static_cast<std::uint64_t>(step));
       EXPECT_EQ(group->conversion_counts().prefill, 0u);
     }
+  }
+}
+
+// DCP (SPEC section 2a): groups set to one rank of a split convert once per
+// decode step with the filter (compacted or not), every layer sees the
+// rank's rows, and prefill-sized calls are filtered too.
+TEST_P(IndexGroupTest, DcpGroupsConvertOncePerStepFilteredToTheirRank) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(21);
+  auto compute = device->create_stream();
+  const std::int64_t max_decode_rows = 12, top_k = 256;
+  for (const DcpConfig dcp : {DcpConfig{4, 2, 8, true}, DcpConfig{2, 1, 1, false}}) {
+    SCOPED_TRACE("dcp rank " + std::to_string(dcp.rank) + " of " + std::to_string(dcp.size));
+    Model m = make_model(device, index_every(6, 3), 64, top_k, max_decode_rows);  // groups of 3, 3
+    m.builder->set_dcp(dcp);
+    poison_workspaces(*compute, m);
+    for (int step = 1; step <= 4; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      const std::int64_t num_tokens = step == 4 ? 40 : std::uniform_int_distribution<std::int64_t>(1, max_decode_rows + 1)(rng);
+      const Tables t = random_tables(*device, *compute, rng, num_tokens, 6, 5, 16);
+      std::vector<std::vector<std::int32_t>> logical;
+      const auto captures = run_step(*device, *compute, m, t, num_tokens, rng, logical);
+      for (std::size_t l = 0; l < m.layers.size(); ++l) {
+        expect_matches(*device, *compute, captures[l],
+                       expected(t, logical[group_of_layer(m, l)], num_tokens, top_k, 0, dcp), "layer " + std::to_string(l));
+      }
+    }
+    for (const auto& group : m.builder->groups()) {
+      EXPECT_EQ(group->dcp().rank, dcp.rank);
+      EXPECT_EQ(group->conversion_counts().decode, 3u);
+      EXPECT_EQ(group->conversion_counts().prefill, 3u);  // the prefill-sized step: one per layer
+    }
+  }
+  Model m = make_model(device, index_every(2, 2), 8, 64, 4);
+  for (const auto& [bad, message] : {std::pair{DcpConfig{4, 4, 1, true}, "dcp.rank must be in [0, dcp.size) = [0, 4), got 4"},
+                                     std::pair{DcpConfig{0, 0, 1, true}, "dcp.size must be at least 1, got 0"},
+                                     std::pair{DcpConfig{2, 0, 0, true}, "dcp.interleave must be positive, got 0"}}) {
+    try {
+      m.builder->set_dcp(bad);
+      ADD_FAILURE() << "accepted: " << message;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("SparseMLAIndexGroup::set_dcp"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(m.builder->groups()[0]->dcp().size, 1);
   }
 }
 

@@ -66,6 +66,7 @@ std::string golden(const std::string& stem) { return golden_dir() + "/" + stem +
 
 const std::vector<std::string> kGoldenStems = {
     "c1_convert_tiny_edges", "c3_convert_tiled_k384_bs16", "c5_convert_bs1",
+    "d1_convert_dcp_small",  "d3_convert_dcp_gaps",
     "u1_upconvert_small",    "u3_upconvert_seq_starts",    "u4_upconvert_bs1",
     "h1_hisparse_6steps"};
 
@@ -262,8 +263,8 @@ TEST(SafetensorsRoundTrip, WriteErrorsNameThePath) {
 
 // ---------------------------------------------------------------- golden files
 
-TEST(SafetensorsGolden, ReadsAllSevenFiles) {
-  const std::set<std::string> kinds = {"topk_convert", "fp8_gather_upconvert", "hisparse_sequence"};
+TEST(SafetensorsGolden, ReadsAllNineFiles) {
+  const std::set<std::string> kinds = {"topk_convert", "topk_convert_dcp", "fp8_gather_upconvert", "hisparse_sequence"};
   for (const std::string& stem : kGoldenStems) {
     SCOPED_TRACE(stem);
     const std::string path = golden(stem);

@@ -44,6 +44,15 @@ struct TopkConvertArgs {
   std::int32_t block_stride_rows;
   const std::int32_t* workspace_request;  // [num_tokens], or nullptr
   const std::int32_t* workspace_starts;   // [num_prefill_requests], or nullptr
+  // SPEC section 2a (no prefill workspace then): rank dcp_rank of dcp_size
+  // owns position p when (p / dcp_interleave) % dcp_size == dcp_rank and
+  // converts its local position; other ranks' positions give -1. With
+  // dcp_compact the valid outputs move to a prefix in input order and
+  // valid_counts is not null. dcp_size == 1 is the plain conversion.
+  std::int32_t dcp_size;
+  std::int32_t dcp_rank;
+  std::int32_t dcp_interleave;
+  bool dcp_compact;
 };
 
 // SPEC section 3. Request r (< batch) fills output rows

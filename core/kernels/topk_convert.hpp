@@ -23,6 +23,12 @@
 // whole rounds of its team (production decode at K = 2048), with the team's
 // shape fixed at compile time. convert_split() picks between them by the
 // token count.
+//
+// Both also run the DCP filter-and-convert (SPEC section 2a), chosen at
+// compile time (Dcp): positions become the rank's local positions (-1 for
+// other ranks') before the table lookup, and with compaction a team
+// exclusive scan per unit of a round places each thread's valid outputs in
+// input order; the row's tail is then filled with -1.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -178,10 +184,109 @@ KOKKOS_INLINE_FUNCTION std::int32_t team_sum(const Member& team, std::int32_t th
 
 KOKKOS_INLINE_FUNCTION constexpr std::size_t team_sum_ints(int threads) { return threads >= 32 ? static_cast<std::size_t>(threads) / 32 : 1; }
 
-template <class Space, class Split, class Unit, int UnitsInFlight, bool Workspace>
+// The DCP policy of a launch. NoDcp: the plain conversion. Dcp<Compact>:
+// rank `rank` of `size` owns position p when (p / interleave) % size ==
+// rank; an owned position becomes its local position
+// (p / (size * interleave)) * interleave + p % interleave, any other -1
+// (which the table map turns into -1 like every negative position).
+struct NoDcp {
+  static constexpr bool filter = false;
+  static constexpr bool compact = false;
+  template <class Unit>
+  KOKKOS_INLINE_FUNCTION void localize(Unit&) const {}
+};
+template <bool Compact>
+struct Dcp {
+  static constexpr bool filter = true;
+  static constexpr bool compact = Compact;
+  std::int32_t size;
+  std::int32_t rank;
+  std::int32_t interleave;
+  KOKKOS_INLINE_FUNCTION std::int32_t local(std::int32_t p) const {
+    const std::int32_t group = p / interleave;
+    const std::int32_t cycle = group / size;
+    const bool owned = p >= 0 && group - cycle * size == rank;
+    return owned ? cycle * interleave + (p - group * interleave) : -1;
+  }
+  KOKKOS_INLINE_FUNCTION void localize(std::int32_t& v) const { v = local(v); }
+  KOKKOS_INLINE_FUNCTION void localize(Int4& v) const { v = Int4{local(v.x), local(v.y), local(v.z), local(v.w)}; }
+};
+
+// Stores the entries of a unit that are not -1 at out[at], out[at + 1], ...
+// in order (a compacted row).
+KOKKOS_INLINE_FUNCTION void store_valid(std::int32_t* out, std::int32_t at, std::int32_t v) {
+  if (v != -1) out[at] = v;
+}
+KOKKOS_INLINE_FUNCTION void store_valid(std::int32_t* out, std::int32_t at, const Int4& v) {
+  if (v.x != -1) out[at++] = v.x;
+  if (v.y != -1) out[at++] = v.y;
+  if (v.z != -1) out[at++] = v.z;
+  if (v.w != -1) out[at] = v.w;
+}
+
+// Ints of team scratch team_exclusive_scan needs: two buffers (alternate
+// calls use alternate ones, so that one barrier a call suffices between a
+// call's reads and the next call's writes) of one int per warp.
+KOKKOS_INLINE_FUNCTION constexpr std::size_t team_scan_ints() { return 2 * 32; }
+
+// The exclusive prefix sum of `value` over the team's threads in rank order;
+// `total` becomes the team's sum, on every thread. Every thread of the team
+// calls it (it has barriers); `parity` alternates the scratch buffer.
+template <class Member>
+KOKKOS_INLINE_FUNCTION std::int32_t team_exclusive_scan(const Member& team, std::int32_t threads, std::int32_t value,
+                                                        std::int32_t* scratch, int& parity, std::int32_t& total) {
+  if (threads == 1) {
+    total = value;
+    return 0;
+  }
+  std::int32_t* partial = scratch + 32 * parity;
+  parity ^= 1;
+  const std::int32_t rank = team.team_rank();
+#if SPARSE_MLA_WARP_REDUCE
+  // Whole warps of consecutive ranks: a shuffle scan in each warp, the warps'
+  // sums scanned by the first warp through scratch.
+  const std::int32_t lane = rank & 31, warp = rank >> 5, warps = threads >> 5;
+  std::int32_t inclusive = value;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const std::int32_t up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += up;
+  }
+  if (lane == 31) partial[warp] = inclusive;
+  team.team_barrier();
+  if (warp == 0) {
+    std::int32_t w = lane < warps ? partial[lane] : 0;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const std::int32_t up = __shfl_up_sync(0xffffffffu, w, offset);
+      if (lane >= offset) w += up;
+    }
+    partial[lane] = w;
+  }
+  team.team_barrier();
+  total = partial[warps - 1];
+  return inclusive - value + (warp > 0 ? partial[warp - 1] : 0);
+#else
+  // Any backend: Kokkos' team scan, and the last thread's inclusive sum
+  // through scratch for the total.
+  const std::int32_t exclusive = team.team_scan(value);
+  if (rank == threads - 1) *partial = exclusive + value;
+  team.team_barrier();
+  total = *partial;
+  return exclusive;
+#endif
+}
+
+// A compacted row's tail: entries [valid, count) of `out` become -1.
+template <class Member>
+KOKKOS_INLINE_FUNCTION void fill_tail(const Member& team, std::int32_t* out, std::int32_t valid, std::int32_t count) {
+  const std::int32_t threads = team.team_size();
+  for (std::int32_t i = valid + team.team_rank(); i < count; i += threads) out[i] = -1;
+}
+
+template <class Space, class Split, class Unit, int UnitsInFlight, bool Workspace, class Dcp = NoDcp>
 struct Convert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   Params<Split> p;
+  Dcp dcp;
 
   // Thread `rank` of `threads` converts units rank, rank + threads, ... of
   // the row, UnitsInFlight at a time; v holds the first round, loaded. The
@@ -204,16 +309,51 @@ struct Convert {
   }
 
   template <class Map>
-  KOKKOS_INLINE_FUNCTION static std::int32_t convert_round(const Map& m, Unit* out, Unit (&v)[UnitsInFlight], std::int32_t q,
-                                                           std::int32_t threads, std::int32_t units) {
+  KOKKOS_INLINE_FUNCTION std::int32_t convert_round(const Map& m, Unit* out, Unit (&v)[UnitsInFlight], std::int32_t q,
+                                                    std::int32_t threads, std::int32_t units) const {
     std::int32_t valid = 0;
     for (int u = 0; u < UnitsInFlight; ++u) {
-      if (q + u * threads < units) valid += map_unit(m, v[u]);
+      if (q + u * threads < units) {
+        dcp.localize(v[u]);
+        valid += map_unit(m, v[u]);
+      }
     }
     for (int u = 0; u < UnitsInFlight; ++u) {
       if (q + u * threads < units) out[q + u * threads] = v[u];
     }
     return valid;
+  }
+
+  // The compacted row (Dcp::compact): every round is taken by the whole team
+  // (the scans have barriers); each unit's valid entries go after those of
+  // the units before it in input order. Returns the row's valid count, on
+  // every thread.
+  template <class Map>
+  KOKKOS_INLINE_FUNCTION std::int32_t compact_row(const member_type& team, const Map& m, const Unit* in, std::int32_t* out,
+                                                  Unit (&v)[UnitsInFlight], std::int32_t rank, std::int32_t threads,
+                                                  std::int32_t units, std::int32_t* scratch) const {
+    std::int32_t base = 0;
+    int parity = 0;
+    const std::int32_t step = UnitsInFlight * threads;
+    for (std::int32_t first = 0; first < units; first += step) {
+      const std::int32_t q = first + rank;
+      if (first > 0) load(in, v, q, threads, units);
+      std::int32_t count[UnitsInFlight];
+      for (int u = 0; u < UnitsInFlight; ++u) {
+        count[u] = 0;
+        if (q + u * threads < units) {
+          dcp.localize(v[u]);
+          count[u] = map_unit(m, v[u]);
+        }
+      }
+      for (int u = 0; u < UnitsInFlight; ++u) {
+        std::int32_t total = 0;
+        const std::int32_t before = team_exclusive_scan(team, threads, count[u], scratch, parity, total);
+        if (q + u * threads < units) store_valid(out, base + before, v[u]);
+        base += total;
+      }
+    }
+    return base;
   }
 
   KOKKOS_INLINE_FUNCTION static void load(const Unit* in, Unit (&v)[UnitsInFlight], std::int32_t q, std::int32_t threads,
@@ -228,13 +368,22 @@ struct Convert {
     const std::int32_t rank = team.team_rank();
     const std::int32_t threads = team.team_size();
     const std::int32_t units = p.num_topk / entries(static_cast<const Unit*>(nullptr));
-    auto* partial = static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(sizeof(std::int32_t) * team_sum_ints(threads)));
+    auto* partial = static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(
+        sizeof(std::int32_t) * (Dcp::compact ? team_scan_ints() : team_sum_ints(threads))));
 
     // The first round's indices and the request id go out together.
     const Unit* in = reinterpret_cast<const Unit*>(p.logical + t * p.logical_stride);
     Unit v[UnitsInFlight];
     load(in, v, rank, threads, units);
     const std::int32_t req = p.req_id[t];
+    if constexpr (Dcp::compact) {
+      const TableMap<Split> m{p.block_table + req * p.block_table_stride, p.limit, p.split, p.block_stride_rows};
+      std::int32_t* row = p.physical + t * p.physical_stride;
+      const std::int32_t valid = compact_row(team, m, in, row, v, rank, threads, units, partial);
+      fill_tail(team, row, valid, p.num_topk);
+      if (rank == 0) p.valid_counts[t] = valid;
+      return;
+    }
     const std::int32_t workspace = Workspace ? p.workspace_request[t] : -1;
     if (p.valid_counts != nullptr) begin_team_sum(team, threads, partial);
 
@@ -278,11 +427,11 @@ struct RoundParams {
 // GPUs, at a constant address, where Kokkos' team scratch pointer took
 // arithmetic on launch parameters before the first load. Host spaces run
 // teams of one, which sum nothing.
-template <int Threads>
+template <int Threads, bool Scan = false>
 KOKKOS_INLINE_FUNCTION std::int32_t* round_partials() {
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
   if constexpr (Threads > 1) {
-    __shared__ std::int32_t partials[team_sum_ints(Threads)];
+    __shared__ std::int32_t partials[Scan ? team_scan_ints() : team_sum_ints(Threads)];
     return partials;
   }
 #endif
@@ -300,20 +449,44 @@ KOKKOS_INLINE_FUNCTION std::int32_t* round_partials() {
 // - row offsets are single 32 x 32 -> 64-bit multiplies;
 // - the team sum's partials are at a constant address (round_partials());
 // - a table load is issued only for a position inside the table.
-template <class Space, class Split, int Threads, int UnitsInFlight>
+template <class Space, class Split, int Threads, int UnitsInFlight, class Dcp = NoDcp>
 struct ConvertRounds {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   RoundParams<Split> p;
+  Dcp dcp;
 
   // A unit's four table loads are predicated (map_unit<true>): the compiler
   // keeps fewer addresses live than with Convert's branch-free loads of
   // entry 0. Convert keeps the branch-free loads, with which it measured
   // better (H200, docs/PERFORMANCE.md).
-  KOKKOS_INLINE_FUNCTION static std::int32_t convert_round(const TableMap<Split>& m, Int4 (&v)[UnitsInFlight], Int4* out) {
+  KOKKOS_INLINE_FUNCTION std::int32_t convert_round(const TableMap<Split>& m, Int4 (&v)[UnitsInFlight], Int4* out) const {
     std::int32_t valid = 0;
-    for (int u = 0; u < UnitsInFlight; ++u) valid += map_unit<true>(m, v[u]);
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      dcp.localize(v[u]);
+      valid += map_unit<true>(m, v[u]);
+    }
     for (int u = 0; u < UnitsInFlight; ++u) out[u * Threads] = v[u];
     return valid;
+  }
+
+  // A compacted round (Dcp::compact): the round's valid entries after the
+  // `base` of the rounds before, in input order; returns the round's count.
+  KOKKOS_INLINE_FUNCTION std::int32_t compact_round(const member_type& team, const TableMap<Split>& m,
+                                                    Int4 (&v)[UnitsInFlight], std::int32_t* row, std::int32_t base,
+                                                    std::int32_t* scratch, int& parity) const {
+    std::int32_t count[UnitsInFlight];
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      dcp.localize(v[u]);
+      count[u] = map_unit<true>(m, v[u]);
+    }
+    std::int32_t added = 0;
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      std::int32_t total = 0;
+      const std::int32_t before = team_exclusive_scan(team, Threads, count[u], scratch, parity, total);
+      store_valid(row, base + added + before, v[u]);
+      added += total;
+    }
+    return added;
   }
 
   KOKKOS_INLINE_FUNCTION static void load(const Int4* in, Int4 (&v)[UnitsInFlight]) {
@@ -328,12 +501,25 @@ struct ConvertRounds {
     Int4 v[UnitsInFlight];
     load(in, v);
     const std::int32_t req = p.req_id[t];
-    std::int32_t* partial = round_partials<Threads>();
-    if (p.valid_counts != nullptr) begin_team_sum(team, Threads, partial);
+    std::int32_t* partial = round_partials<Threads, Dcp::compact>();
+    if (!Dcp::compact && p.valid_counts != nullptr) begin_team_sum(team, Threads, partial);
 
     // req_id names a row of the table (SPEC), so it is not negative.
     const TableMap<Split> m{p.block_table + wide_mul(static_cast<std::uint32_t>(req), p.block_table_stride), p.limit,
                             p.split, p.block_stride_rows};
+    if constexpr (Dcp::compact) {
+      std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
+      int parity = 0;
+      std::int32_t valid = compact_round(team, m, v, row, 0, partial, parity);
+      for (std::int32_t r = 1; r < p.rounds; ++r) {
+        in += UnitsInFlight * Threads;
+        load(in, v);
+        valid += compact_round(team, m, v, row, valid, partial, parity);
+      }
+      fill_tail(team, row, valid, p.rounds * UnitsInFlight * Threads * 4);
+      if (rank == 0) p.valid_counts[t] = valid;
+      return;
+    }
     Int4* out = reinterpret_cast<Int4*>(p.physical + wide_mul(t, p.physical_stride)) + rank;
     std::int32_t valid = convert_round(m, v, out);
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)  // device passes only: g++ warns on the pragma
@@ -351,22 +537,24 @@ struct ConvertRounds {
   }
 };
 
-template <class Space, class Unit, int UnitsInFlight, class Split>
-void launch(const Space& space, const Params<Split>& p, std::int64_t rows, int threads) {
+template <class Space, class Unit, int UnitsInFlight, class Split, class Dcp>
+void launch(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, int threads) {
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), threads);
-  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * team_sum_ints(threads)));
-  if (p.workspace_request != nullptr) {
-    Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, true>{p});
+  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * (Dcp::compact ? team_scan_ints() : team_sum_ints(threads))));
+  if constexpr (Dcp::filter) {  // no prefill workspace with DCP (checked by the operation)
+    Kokkos::parallel_for("sparse_mla::convert_topk_dcp", policy, Convert<Space, Split, Unit, UnitsInFlight, false, Dcp>{p, dcp});
+  } else if (p.workspace_request != nullptr) {
+    Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, true>{p, dcp});
   } else {
-    Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, false>{p});
+    Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, false>{p, dcp});
   }
 }
 
 // Launches the whole-rounds kernel and returns true when `p`'s rows are
 // whole rounds of Threads x UnitsInFlight units (`units` a row) and its
 // strides fit in 32 bits; else launches nothing and returns false.
-template <class Space, int Threads, int UnitsInFlight, class Split>
-bool launch_rounds(const Space& space, const Params<Split>& p, std::int64_t rows, std::int64_t units) {
+template <class Space, int Threads, int UnitsInFlight, class Split, class Dcp>
+bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, std::int64_t units) {
   constexpr std::int64_t per_round = std::int64_t{Threads} * UnitsInFlight;
   const auto fits = [](std::int64_t stride) { return stride >= 0 && stride <= std::int64_t{0xFFFFFFFF}; };
   if (p.workspace_request != nullptr || units % per_round != 0 || !fits(p.logical_stride) ||
@@ -386,8 +574,9 @@ bool launch_rounds(const Space& space, const Params<Split>& p, std::int64_t rows
                              static_cast<std::uint32_t>(p.physical_stride),
                              p.valid_counts};
   static_assert(Threads == 1 || !is_host_space<Space>, "host spaces run teams of one (round_partials)");
-  Kokkos::parallel_for("sparse_mla::convert_topk_rounds", Kokkos::TeamPolicy<Space>(space, static_cast<int>(rows), Threads),
-                       ConvertRounds<Space, Split, Threads, UnitsInFlight>{r});
+  Kokkos::parallel_for(Dcp::filter ? "sparse_mla::convert_topk_dcp_rounds" : "sparse_mla::convert_topk_rounds",
+                       Kokkos::TeamPolicy<Space>(space, static_cast<int>(rows), Threads),
+                       ConvertRounds<Space, Split, Threads, UnitsInFlight, Dcp>{r, dcp});
   return true;
 }
 
@@ -414,18 +603,18 @@ Params<Split> params_of(const TopkConvertArgs& a, Split split) {
                        a.workspace_starts};
 }
 
-template <class Space, class Split>
-void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
+template <class Space, class Split, class Dcp>
+void convert_split(const Space& space, const TopkConvertArgs& a, Split split, const Dcp& dcp) {
   const Params<Split> p = params_of(a, split);
   const bool vector4 = a.num_topk % 4 == 0 && aligned16(a.logical) && aligned16(a.physical) &&
                        a.logical_stride % 4 == 0 && a.physical_stride % 4 == 0;
   const std::int64_t units = vector4 ? a.num_topk / 4 : a.num_topk;
   if constexpr (is_host_space<Space>) {
     if (vector4) {
-      if (launch_rounds<Space, 1, 4>(space, p, a.num_tokens, units)) return;
-      launch<Space, Int4, 4>(space, p, a.num_tokens, 1);
+      if (launch_rounds<Space, 1, 4>(space, p, dcp, a.num_tokens, units)) return;
+      launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, 1);
     } else {
-      launch<Space, std::int32_t, 4>(space, p, a.num_tokens, 1);
+      launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, 1);
     }
   } else {
     // Team shapes chosen by measurement on the H200 (K = 2048, graph
@@ -446,15 +635,15 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
       return static_cast<int>(needed >= base ? base : (needed + 31) / 32 * 32);
     };
     if (!vector4) {
-      launch<Space, std::int32_t, 4>(space, p, a.num_tokens, threads_for(128, 4));
+      launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
     } else if (a.num_tokens < 512) {
-      if (launch_rounds<Space, 512, 1>(space, p, a.num_tokens, units)) return;
-      launch<Space, Int4, 2>(space, p, a.num_tokens, threads_for(256, 2));
+      if (launch_rounds<Space, 512, 1>(space, p, dcp, a.num_tokens, units)) return;
+      launch<Space, Int4, 2>(space, p, dcp, a.num_tokens, threads_for(256, 2));
     } else if (a.num_tokens < 8192) {
-      if (a.num_tokens >= 2048 && launch_rounds<Space, 256, 1>(space, p, a.num_tokens, units)) return;
-      launch<Space, Int4, 4>(space, p, a.num_tokens, threads_for(128, 4));
+      if (a.num_tokens >= 2048 && launch_rounds<Space, 256, 1>(space, p, dcp, a.num_tokens, units)) return;
+      launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
     } else {
-      launch<Space, Int4, 2>(space, p, a.num_tokens, threads_for(128, 2));
+      launch<Space, Int4, 2>(space, p, dcp, a.num_tokens, threads_for(128, 2));
     }
   }
 }
@@ -466,7 +655,15 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split) {
 template <class Space>
 void convert_topk(const Space& space, const TopkConvertArgs& a) {
   if (a.num_tokens == 0) return;
-  with_block_split(a.block_size, [&](auto split) { topk::convert_split(space, a, split); });
+  with_block_split(a.block_size, [&](auto split) {
+    if (a.dcp_size <= 1) {
+      topk::convert_split(space, a, split, topk::NoDcp{});
+    } else if (a.dcp_compact) {
+      topk::convert_split(space, a, split, topk::Dcp<true>{a.dcp_size, a.dcp_rank, a.dcp_interleave});
+    } else {
+      topk::convert_split(space, a, split, topk::Dcp<false>{a.dcp_size, a.dcp_rank, a.dcp_interleave});
+    }
+  });
 }
 
 }  // namespace sparse_mla::kernels

@@ -6,16 +6,6 @@
 
 namespace sparse_mla {
 
-namespace {
-TopkConvertParams params_of(const BatchMetadata& batch, std::int64_t block_stride_rows, bool return_valid_counts) {
-  TopkConvertParams params;
-  params.block_size = batch.block_size;
-  params.block_stride_rows = block_stride_rows;
-  params.return_valid_counts = return_valid_counts;
-  return params;
-}
-}  // namespace
-
 SparseMLAIndexGroup::SparseMLAIndexGroup(std::shared_ptr<Device> device, const Tensor& logical_topk_buffer,
                                          std::int64_t max_decode_rows, bool has_indexer)
     : device_(std::move(device)),
@@ -46,6 +36,18 @@ void SparseMLAIndexGroup::check_logical_topk_buffer(const char* where, const Ten
 
 std::string SparseMLAIndexGroup::where(const char* method) const {
   return std::string(class_name()) + "::" + method;
+}
+
+void SparseMLAIndexGroup::set_dcp(const DcpConfig& dcp) {
+  if (dcp.enabled() && !supports_dcp()) {
+    fail(where("set_dcp"), "this group's decode step has no DCP form (dcp.size ", dcp.size, ")");
+  }
+  if (dcp.size < 1) fail(where("set_dcp"), "dcp.size must be at least 1, got ", dcp.size);
+  if (dcp.rank < 0 || dcp.rank >= dcp.size) {
+    fail(where("set_dcp"), "dcp.rank must be in [0, dcp.size) = [0, ", dcp.size, "), got ", dcp.rank);
+  }
+  if (dcp.interleave < 1) fail(where("set_dcp"), "dcp.interleave must be positive, got ", dcp.interleave);
+  dcp_ = dcp;
 }
 
 int SparseMLAIndexGroup::register_layer(const LayerConfig& /*config: plain groups need none of it*/) {
@@ -148,7 +150,7 @@ void SparseMLAIndexGroup::lead(const StepCall& call) {
   queue_layer_work(*side_stream_, call);
   ++counts_.decode;
   leader_rows_ = call.num_tokens();
-  leader_counted_ = call.return_valid_counts;
+  leader_counted_ = counts_written(call);
 }
 
 // The side stream starts after the indexer's writes: through the event the
@@ -172,12 +174,12 @@ TopkConversion SparseMLAIndexGroup::workspace_rows_view(std::int64_t num_tokens,
 // ---- The plain group's hooks ----
 
 void SparseMLAIndexGroup::check_decode_step(const StepCall& call) const {
-  const Tensor counts = call.return_valid_counts ? valid_counts_workspace() : Tensor();
+  const Tensor counts = counts_written(call) ? valid_counts_workspace() : Tensor();
   check_convert_through(call, call.batch.req_id_per_token, call.batch.block_table, physical_workspace(), counts);
 }
 
 void SparseMLAIndexGroup::queue_conversion(Stream& side, const StepCall& call) {
-  const Tensor counts = call.return_valid_counts ? valid_counts_workspace() : Tensor();
+  const Tensor counts = counts_written(call) ? valid_counts_workspace() : Tensor();
   (void)convert_through(side, call, call.batch.req_id_per_token, call.batch.block_table, physical_workspace(), counts);
 }
 
@@ -194,8 +196,7 @@ void SparseMLAIndexGroup::check_convert_through(const StepCall& call, const Tens
                                                 const Tensor& block_table, const Tensor& out,
                                                 const Tensor& valid_counts_out) const {
   check_logical_to_physical_topk(*device_, req_id_per_token, block_table, call.logical_topk,
-                                 params_of(call.batch, call.block_stride_rows, call.return_valid_counts), out,
-                                 valid_counts_out);
+                                 conversion_params(call), out, valid_counts_out);
 }
 
 TopkConversion SparseMLAIndexGroup::convert_through(Stream& stream, const StepCall& call,
@@ -203,7 +204,16 @@ TopkConversion SparseMLAIndexGroup::convert_through(Stream& stream, const StepCa
                                                     const Tensor& out, const Tensor& valid_counts_out) {
   return sparse_mla::convert_logical_to_physical_topk(
       stream, req_id_per_token, block_table, call.logical_topk,
-      params_of(call.batch, call.block_stride_rows, call.return_valid_counts), out, valid_counts_out);
+      conversion_params(call), out, valid_counts_out);
+}
+
+TopkConvertParams SparseMLAIndexGroup::conversion_params(const StepCall& call) const {
+  TopkConvertParams params;
+  params.block_size = call.batch.block_size;
+  params.block_stride_rows = call.block_stride_rows;
+  params.return_valid_counts = call.return_valid_counts;
+  params.dcp = dcp_;
+  return params;
 }
 
 }  // namespace sparse_mla

@@ -32,6 +32,11 @@ void SparseMLAIndexGroupBuilder::set_piecewise_capture(bool enabled) {
   for (const auto& group : groups_) group->set_piecewise_capture(enabled);
 }
 
+void SparseMLAIndexGroupBuilder::set_dcp(const DcpConfig& dcp) {
+  for (const auto& group : groups_) group->set_dcp(dcp);
+  dcp_ = dcp;
+}
+
 std::shared_ptr<SparseMLAIndexGroup> SparseMLAIndexGroupBuilder::create_group(bool has_indexer,
                                                                               const LayerConfig& config) {
   std::shared_ptr<SparseMLAIndexGroup> group;
@@ -42,6 +47,7 @@ std::shared_ptr<SparseMLAIndexGroup> SparseMLAIndexGroupBuilder::create_group(bo
     group = std::make_shared<SparseMLAIndexGroup>(device_, logical_topk_buffer_, max_decode_rows_, has_indexer);
   }
   group->set_piecewise_capture(piecewise_capture_);
+  group->set_dcp(dcp_);
   return group;
 }
 

@@ -7,6 +7,18 @@ namespace sparse_mla {
 
 namespace {
 constexpr const char* where = "convert_logical_to_physical_topk";
+
+bool counts_produced(const TopkConvertParams& params) { return params.return_valid_counts || params.dcp.enabled(); }
+
+void check_dcp(const TopkConvertParams& params, bool prefill) {
+  const DcpConfig& d = params.dcp;
+  if (d.size < 1) fail(where, "dcp.size must be at least 1, got ", d.size);
+  if (d.rank < 0 || d.rank >= d.size) fail(where, "dcp.rank must be in [0, dcp.size) = [0, ", d.size, "), got ", d.rank);
+  if (d.interleave < 1 || params.block_size % d.interleave != 0) {
+    fail(where, "dcp.interleave must be positive and divide block_size ", params.block_size, ", got ", d.interleave);
+  }
+  if (d.enabled() && prefill) fail(where, "the prefill-workspace variant has no DCP form (dcp.size is ", d.size, ")");
+}
 }  // namespace
 
 void check_logical_to_physical_topk(const Device& device, const Tensor& req_id, const Tensor& block_table,
@@ -32,12 +44,13 @@ void check_logical_to_physical_topk(const Device& device, const Tensor& req_id, 
         .dim_at_least(0, T, "one per token").on(device);
     check(where, "workspace_starts", params.workspace_starts).dtype(DType::i32).rank(1).contiguous().on(device);
   }
+  check_dcp(params, prefill);
   if (out.defined()) {
     check(where, "out", out).dtype(DType::i32).rank(2).rows_contiguous().dim_at_least(0, T, "rows of logical top-k")
         .dim(1, K, "K of logical top-k").on(device);
   }
   if (valid_counts_out.defined()) {
-    if (!params.return_valid_counts) fail(where, "valid_counts_out given but return_valid_counts is false");
+    if (!counts_produced(params)) fail(where, "valid_counts_out given but return_valid_counts is false");
     check(where, "valid_counts_out", valid_counts_out).dtype(DType::i32).rank(1).contiguous()
         .dim_at_least(0, T, "one per token").on(device);
   }
@@ -60,7 +73,8 @@ TopkConversion convert_logical_to_physical_topk(Stream& stream, const Tensor& re
     result.physical_storage = OwnedTensor(device, DType::i32, {T, K});
     result.physical = result.physical_storage;
   }
-  if (params.return_valid_counts) {
+  const bool counts = counts_produced(params);
+  if (counts) {
     if (valid_counts_out.defined()) {
       result.valid_counts = valid_counts_out.rows(0, T);
     } else {
@@ -78,11 +92,15 @@ TopkConversion convert_logical_to_physical_topk(Stream& stream, const Tensor& re
   args.logical_stride = logical.stride(0);
   args.physical = result.physical.data_as<std::int32_t>();
   args.physical_stride = result.physical.stride(0);
-  args.valid_counts = params.return_valid_counts ? result.valid_counts.data_as<std::int32_t>() : nullptr;
+  args.valid_counts = counts ? result.valid_counts.data_as<std::int32_t>() : nullptr;
   args.num_tokens = T;
   args.num_topk = static_cast<std::int32_t>(K);
   args.block_size = params.block_size;
   args.block_stride_rows = static_cast<std::int32_t>(stride);
+  args.dcp_size = params.dcp.size;
+  args.dcp_rank = params.dcp.rank;
+  args.dcp_interleave = params.dcp.interleave;
+  args.dcp_compact = params.dcp.compact;
   if (prefill) {
     args.workspace_request = params.workspace_request.data_as<std::int32_t>();
     args.workspace_starts = params.workspace_starts.data_as<std::int32_t>();

@@ -58,10 +58,14 @@ void sparse_mla_ctypes_finalize() {
 // entries a token, block_stride_rows = block_size, no prefill workspace.
 // Returns 0, a CUDA error code, or -1 for a stream first seen during a
 // capture (call once outside the capture first).
-int sparse_mla_ctypes_convert(void* stream, const std::int32_t* req_id, const std::int32_t* block_table,
-                              std::int64_t block_table_stride, std::int32_t blocks_per_request,
-                              const std::int32_t* logical, std::int32_t* physical, std::int32_t* valid_counts,
-                              std::int64_t num_tokens, std::int32_t num_topk, std::int32_t block_size) {
+// With dcp_size > 1 the DCP filter-and-convert of SPEC section 2a (rank
+// dcp_rank, dcp_interleave, compacted when dcp_compact is not 0).
+int sparse_mla_ctypes_convert_dcp(void* stream, const std::int32_t* req_id, const std::int32_t* block_table,
+                                  std::int64_t block_table_stride, std::int32_t blocks_per_request,
+                                  const std::int32_t* logical, std::int32_t* physical, std::int32_t* valid_counts,
+                                  std::int64_t num_tokens, std::int32_t num_topk, std::int32_t block_size,
+                                  std::int32_t dcp_size, std::int32_t dcp_rank, std::int32_t dcp_interleave,
+                                  std::int32_t dcp_compact) {
   auto native = static_cast<cudaStream_t>(stream);
   auto found = instances().find(native);
   if (found == instances().end()) {
@@ -83,8 +87,20 @@ int sparse_mla_ctypes_convert(void* stream, const std::int32_t* req_id, const st
   a.num_topk = num_topk;
   a.block_size = block_size;
   a.block_stride_rows = block_size;
+  a.dcp_size = dcp_size;
+  a.dcp_rank = dcp_rank;
+  a.dcp_interleave = dcp_interleave;
+  a.dcp_compact = dcp_compact != 0;
   sparse_mla::kernels::convert_topk(found->second, a);
   return static_cast<int>(cudaGetLastError());
+}
+
+int sparse_mla_ctypes_convert(void* stream, const std::int32_t* req_id, const std::int32_t* block_table,
+                              std::int64_t block_table_stride, std::int32_t blocks_per_request,
+                              const std::int32_t* logical, std::int32_t* physical, std::int32_t* valid_counts,
+                              std::int64_t num_tokens, std::int32_t num_topk, std::int32_t block_size) {
+  return sparse_mla_ctypes_convert_dcp(stream, req_id, block_table, block_table_stride, blocks_per_request, logical,
+                                       physical, valid_counts, num_tokens, num_topk, block_size, 1, 0, 1, 0);
 }
 
 // An empty kernel of one block of `threads` in this translation unit, which

@@ -13,6 +13,13 @@ which this script provides).
     python3 tools/bench/reference_convert.py path/to/sparse_utils.py --tokens 256 --rotate-mib 1
     python3 tools/bench/reference_convert.py path/to/sparse_utils.py \
         --ours build/cuda/lib/libsparse-mla-convert-ctypes.so --rounds 2
+    python3 tools/bench/reference_convert.py path/to/sparse_utils.py --ours ... \
+        --dcp-size 8 --dcp-rank 0 --dcp-interleave 1 --compact
+
+With --dcp-size > 1 the cases are the DCP filter-and-convert (SPEC section
+2a): the reference's `triton_filter_and_convert_dcp_index` (compacting when
+--compact is given) beside ours, on the same inputs, the block table being
+the rank's.
 
 With --ours (the library's kernel as a shared library, tools/bench/
 convert_ctypes.cpp), the library's conversion is timed the same way in the
@@ -65,7 +72,7 @@ def load_reference(path):
     spec = importlib.util.spec_from_file_location("reference_sparse_utils", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.triton_convert_req_index_to_global_index
+    return module
 
 
 def make_inputs(tokens, generator):
@@ -78,13 +85,23 @@ def make_inputs(tokens, generator):
     return req_id, table, logical
 
 
-def expected(req_id, table, logical):
-    """The scalar model (SPEC section 2), as tensors."""
+def expected(req_id, table, logical, dcp=None):
+    """The scalar model (SPEC sections 2 and 2a), as tensors; dcp: (size, rank, interleave, compact) or None."""
     tok = logical.long()
     rows = table.long()[req_id.long()]  # [T, B]
-    block = torch.where(tok >= 0, tok // BLOCK_SIZE, torch.zeros_like(tok))
+    keep = tok >= 0
+    if dcp is not None:
+        size, rank, interleave, compact = dcp
+        keep = keep & ((tok // interleave) % size == rank)
+        tok = (tok // (size * interleave)) * interleave + tok % interleave
+    tok = torch.where(keep, tok, torch.zeros_like(tok))
+    keep = keep & (tok // BLOCK_SIZE < rows.shape[1])
+    block = torch.where(keep, tok // BLOCK_SIZE, torch.zeros_like(tok))
     physical = torch.gather(rows, 1, block) * BLOCK_SIZE + tok % BLOCK_SIZE
-    physical = torch.where(tok >= 0, physical, torch.full_like(physical, -1)).to(torch.int32)
+    physical = torch.where(keep, physical, torch.full_like(physical, -1)).to(torch.int32)
+    if dcp is not None and dcp[3]:  # valid entries first, in input order
+        order = torch.sort((physical == -1).to(torch.int8), dim=1, stable=True).indices
+        physical = torch.gather(physical, 1, order)
     return physical, (physical != -1).sum(dim=1).to(torch.int32)
 
 
@@ -99,7 +116,8 @@ def load_ours(path):
 
     lib = ctypes.CDLL(path)
     i32p, i64, i32, vp = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
-    lib.sparse_mla_ctypes_convert.argtypes = [vp, i32p, i32p, i64, i32, i32p, i32p, i32p, i64, i32, i32]
+    lib.sparse_mla_ctypes_convert_dcp.argtypes = [vp, i32p, i32p, i64, i32, i32p, i32p, i32p, i64, i32, i32,
+                                                  i32, i32, i32, i32]
     empties = [("empty-cuda-no-constant-256", lib.sparse_mla_ctypes_empty_constant_0),
                ("empty-cuda-constant-256B-256", lib.sparse_mla_ctypes_empty_constant_256),
                ("empty-cuda-constant-32KiB-256", lib.sparse_mla_ctypes_empty_constant_32768),
@@ -109,13 +127,14 @@ def load_ours(path):
     if lib.sparse_mla_ctypes_init() != 0:
         raise RuntimeError(f"{path}: Kokkos did not initialise")
 
-    def convert(req_id, table, logical, BLOCK_SIZE, NUM_TOPK_TOKENS, return_valid_counts):
+    def convert(req_id, table, logical, BLOCK_SIZE, NUM_TOPK_TOKENS, return_valid_counts, dcp=None):
         out = torch.empty_like(logical)
         counts = torch.empty(logical.shape[0], dtype=torch.int32, device=logical.device)
-        status = lib.sparse_mla_ctypes_convert(
+        size, rank, interleave, compact = dcp if dcp is not None else (1, 0, 1, False)
+        status = lib.sparse_mla_ctypes_convert_dcp(
             torch.cuda.current_stream().cuda_stream, req_id.data_ptr(), table.data_ptr(), table.stride(0),
             table.shape[1], logical.data_ptr(), out.data_ptr(), counts.data_ptr(), logical.shape[0],
-            NUM_TOPK_TOKENS, BLOCK_SIZE)
+            NUM_TOPK_TOKENS, BLOCK_SIZE, size, rank, interleave, int(compact))
         if status != 0:
             raise RuntimeError(f"sparse_mla_ctypes_convert returned {status}")
         return out, counts
@@ -175,7 +194,7 @@ def make_case(tokens, args, generator):
     req_id, table, logical = make_inputs(tokens, generator)
     sets, launches = rotation(tokens, args)
     inputs = [logical] + [logical.clone() for _ in range(sets - 1)]
-    want = expected(req_id, table, logical)
+    want = expected(req_id, table, logical, args.dcp)
     torch.cuda.synchronize()
     return types.SimpleNamespace(tokens=tokens, req_id=req_id, table=table, inputs=inputs, want=want, sets=sets,
                                  launches=launches)
@@ -202,10 +221,13 @@ def time_launches(launch, case, args):
 
 def run_case(name, convert, case, args):
     tokens = case.tokens
+    label = "convert-dcp" if args.dcp is not None else "convert"
+
+    extra = {} if args.dcp is None else {"dcp": args.dcp}
 
     def launch(s):
         return convert(case.req_id, case.table, case.inputs[s], BLOCK_SIZE=BLOCK_SIZE, NUM_TOPK_TOKENS=K,
-                       return_valid_counts=True)
+                       return_valid_counts=True, **extra)
 
     # Checked before timed: every element and count against the model. The
     # function allocates its outputs; blocks of their sizes are poisoned and
@@ -222,11 +244,11 @@ def run_case(name, convert, case, args):
     want_physical, want_counts = case.want
     if not torch.equal(physical, want_physical) or not torch.equal(counts, want_counts):
         bad = (physical != want_physical).nonzero()
-        return f"{name}/convert/T={tokens}: FAILED ({bad.shape[0]} entries differ; counts equal: {torch.equal(counts, want_counts)})"
+        return f"{name}/{label}/T={tokens}: FAILED ({bad.shape[0]} entries differ; counts equal: {torch.equal(counts, want_counts)})"
     del physical, counts
     median, low = time_launches(launch, case, args)
     gbs = (8.0 * tokens * K + 4.0 * tokens) / (median * 1e3)
-    return f"{name + '/convert/T=' + str(tokens):<28} sets {case.sets:6d}  median {median:9.3f} us  min {low:9.3f} us  {gbs:8.1f} GB/s  ok"
+    return f"{name + '/' + label + '/T=' + str(tokens):<32} sets {case.sets:6d}  median {median:9.3f} us  min {low:9.3f} us  {gbs:8.1f} GB/s  ok"
 
 
 def run_floor(name, empty, args):
@@ -248,9 +270,24 @@ def main():
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=1, help="times each case is timed, rounds interleaved")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--dcp-size", type=int, default=1, help="> 1: the DCP filter-and-convert of this many ranks")
+    parser.add_argument("--dcp-rank", type=int, default=0)
+    parser.add_argument("--dcp-interleave", type=int, default=1)
+    parser.add_argument("--compact", action="store_true", help="DCP: valid rows to the front of each row")
     args = parser.parse_args()
+    args.dcp = (args.dcp_size, args.dcp_rank, args.dcp_interleave, args.compact) if args.dcp_size > 1 else None
 
-    kernels = [("reference", load_reference(args.sparse_utils))]
+    reference = load_reference(args.sparse_utils)
+    if args.dcp is None:
+        reference_convert = reference.triton_convert_req_index_to_global_index
+    else:
+        def reference_convert(req_id, table, logical, BLOCK_SIZE, NUM_TOPK_TOKENS, return_valid_counts, dcp):
+            size, rank, interleave, compact = dcp
+            return reference.triton_filter_and_convert_dcp_index(
+                req_id, table, logical, size, rank, cp_kv_cache_interleave_size=interleave, BLOCK_SIZE=BLOCK_SIZE,
+                NUM_TOPK_TOKENS=NUM_TOPK_TOKENS, return_valid_counts=return_valid_counts,
+                compact_valid_to_front=compact)
+    kernels = [("reference", reference_convert)]
     floors = []
     ours = None
     if args.ours:

@@ -68,6 +68,11 @@ for cases in ceiling floor convert upconvert group-step resolve swap-in pinned-g
   run "bench-$cases" timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^$cases/" "$@"
   sed -n '/^case/,$p' "$out/bench-$cases.log"
 done
+# The DCP conversion (SPEC section 2a) at the issue's split: 8 ranks,
+# interleave 1, compacted, beside the plain conversion in the same process.
+run bench-convert-dcp timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^convert" \
+  --dcp-size 8 --dcp-rank 3 --dcp-interleave 1 --compact "$@"
+sed -n '/^case/,$p' "$out/bench-convert-dcp.log"
 # Plain CUDA kernels that only move the cases' bytes (tools/bench).
 if [ -x build/cuda/bin/sparse-mla-floors ]; then
   run floors build/cuda/bin/sparse-mla-floors
@@ -80,5 +85,9 @@ if [ -n "${REFERENCE_SPARSE_UTILS:-}" ]; then
   run reference timeout "${REFERENCE_TIMEOUT:-600}" "${REFERENCE_PYTHON:-python3}" tools/bench/reference_convert.py \
     "$REFERENCE_SPARSE_UTILS" --ours build/cuda/lib/libsparse-mla-convert-ctypes.so --rounds 2
   cat "$out/reference.log"
+  run reference-dcp timeout "${REFERENCE_TIMEOUT:-600}" "${REFERENCE_PYTHON:-python3}" tools/bench/reference_convert.py \
+    "$REFERENCE_SPARSE_UTILS" --ours build/cuda/lib/libsparse-mla-convert-ctypes.so --rounds 2 \
+    --dcp-size 8 --dcp-rank 3 --dcp-interleave 1 --compact
+  cat "$out/reference-dcp.log"
 fi
 exit $status

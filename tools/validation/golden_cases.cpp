@@ -12,6 +12,7 @@ namespace sparse_mla::validation {
 const std::map<std::string, GoldenHandler>& golden_handlers() {
   static const std::map<std::string, GoldenHandler> handlers = {
       {"topk_convert", prepare_topk_convert},
+      {"topk_convert_dcp", prepare_topk_convert_dcp},
       {"fp8_gather_upconvert", prepare_fp8_gather_upconvert},
       {"hisparse_sequence", prepare_hisparse_sequence},
   };

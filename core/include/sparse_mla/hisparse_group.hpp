@@ -126,6 +126,7 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   TopkConversion convert_prefill_sized(const StepCall& call) override;
   const char* class_name() const override { return "HiSparseMLAIndexGroup"; }
   const char* leader_work() const override { return "resolved"; }
+  bool supports_dcp() const override { return false; }
 
  private:
   struct ResolveCall;

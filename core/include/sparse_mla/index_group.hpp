@@ -107,6 +107,14 @@ class SparseMLAIndexGroup {
   void set_piecewise_capture(bool enabled) { piecewise_capture_ = enabled; }
   bool piecewise_capture() const { return piecewise_capture_; }
 
+  // Decode context parallelism (SPEC section 2a): every conversion of the
+  // group (the leader's once per step, and prefill-sized ones) is filtered
+  // to this rank's tokens through the batch's rank-local block table, and
+  // counts its valid outputs. dcp.size 1 (the default) is no DCP. Set it
+  // before the step's calls; HiSparse groups refuse it.
+  void set_dcp(const DcpConfig& dcp);
+  const DcpConfig& dcp() const { return dcp_; }
+
   bool has_indexer() const { return has_indexer_; }
   int num_layers() const { return num_layers_; }
   std::int64_t top_k() const { return logical_topk_buffer_.dim(1); }
@@ -178,11 +186,16 @@ class SparseMLAIndexGroup {
   virtual const char* class_name() const { return "SparseMLAIndexGroup"; }
   // What the leader's step does, as errors name it ("converted", "resolved").
   virtual const char* leader_work() const { return "converted"; }
+  // Whether the group's conversions can take a DCP filter (set_dcp).
+  virtual bool supports_dcp() const { return true; }
+  // Whether `call`'s conversion writes valid counts: when asked, and always with DCP.
+  bool counts_written(const StepCall& call) const { return call.return_valid_counts || dcp_.enabled(); }
 
  private:
   void check_step(const StepCall& call) const;
   void check_follower(const StepCall& call) const;
   void lead(const StepCall& call);
+  TopkConvertParams conversion_params(const StepCall& call) const;
   void join_side_stream(Stream& compute);
   TopkConversion workspace_rows_view(std::int64_t num_tokens, bool return_valid_counts) const;
 
@@ -191,6 +204,7 @@ class SparseMLAIndexGroup {
   std::int64_t max_decode_rows_;
   bool has_indexer_;
   bool piecewise_capture_ = false;
+  DcpConfig dcp_;
   int num_layers_ = 0;
   ConversionCounts counts_;
   // What the leader's last decode-sized step produced, so that a follower

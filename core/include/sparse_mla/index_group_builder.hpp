@@ -40,6 +40,8 @@ class SparseMLAIndexGroupBuilder {
   const std::vector<std::shared_ptr<SparseMLAIndexGroup>>& groups() const { return groups_; }
   // Sets piecewise capture mode on every group, present and future.
   void set_piecewise_capture(bool enabled);
+  // Sets the DCP split on every group, present and future (SparseMLAIndexGroup::set_dcp).
+  void set_dcp(const DcpConfig& dcp);
   std::int64_t max_decode_rows() const { return max_decode_rows_; }
 
  private:
@@ -49,6 +51,7 @@ class SparseMLAIndexGroupBuilder {
   Tensor logical_topk_buffer_;
   std::int64_t max_decode_rows_;
   bool piecewise_capture_ = false;
+  DcpConfig dcp_;
   std::vector<std::shared_ptr<SparseMLAIndexGroup>> groups_;
 };
 

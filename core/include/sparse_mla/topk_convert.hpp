@@ -12,19 +12,37 @@
 
 namespace sparse_mla {
 
+// Decode context parallelism (SPEC section 2a): the KV cache of a request
+// is spread over `size` ranks in groups of `interleave` consecutive tokens
+// (vLLM's cp_kv_cache_interleave_size); this rank converts only its own
+// tokens, through its rank-local block table, and gives -1 for the others.
+// size == 1 is the plain conversion exactly.
+struct DcpConfig {
+  std::int32_t size = 1;
+  std::int32_t rank = 0;        // in [0, size)
+  std::int32_t interleave = 1;  // divides the block size
+  // The valid outputs of a row moved to a prefix [0, valid_count) in input
+  // order and the rest -1 (the reference's compact_valid_to_front); else
+  // every output stays in its input column.
+  bool compact = true;
+  bool enabled() const { return size > 1; }
+};
+
 struct TopkConvertParams {
   std::int32_t block_size = 64;
   // Rows between consecutive physical blocks; 0 means block_size.
   std::int64_t block_stride_rows = 0;
+  // DCP conversions produce valid counts whatever this says (SPEC 2a).
   bool return_valid_counts = true;
-  // Prefill-workspace variant: both defined, or neither.
+  DcpConfig dcp;
+  // Prefill-workspace variant: both defined, or neither (not with DCP).
   Tensor workspace_request;  // int32 [>= T]: -1 for a decode token, else its prefill request p
   Tensor workspace_starts;   // int32 [P]
 };
 
 struct TopkConversion {
   Tensor physical;      // int32 [T, K]
-  Tensor valid_counts;  // int32 [T]; undefined unless requested
+  Tensor valid_counts;  // int32 [T]; undefined unless requested or DCP
   // Own the outputs when the library allocated them (no caller buffers).
   // Keep them alive until the stream has run the conversion.
   OwnedTensor physical_storage;

@@ -14,7 +14,9 @@
 #include "bench_case.hpp"
 #include "bench_report.hpp"
 #include "bench_timing.hpp"
+#include "bench_topk_inputs.hpp"
 #include "commands.hpp"
+#include "dcp_options.hpp"
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/error.hpp"
 #include "sparse_mla/kokkos_runtime.hpp"
@@ -39,6 +41,7 @@ struct BenchOptions {
   std::size_t rotate_mib = 0;  // 0: 200 (4x the H200's 50 MB L2), or 8 with --quick
   std::size_t memory_mib = 0;  // 0: a quarter of the device memory (2048 when unknown), or 512 with --quick
   std::uint64_t seed = 20260101;
+  DcpConfig dcp;
 };
 
 struct Settings {
@@ -158,6 +161,8 @@ int run_bench(const BenchOptions& o) {
   BenchConfig config;
   config.quick = o.quick;
   config.seed = o.seed;
+  check_dcp_options(o.dcp, TopkInputs::block_size, "bench");
+  config.dcp = o.dcp;
   config.copy_bytes = std::min(s.run.rotate_bytes, s.run.memory_budget / 2);
   const std::vector<CaseSpec> cases = select_cases(o, config);
   if (o.list) {
@@ -201,6 +206,7 @@ void add_bench(CLI::App& app, Commands& commands) {
   bench->add_option("--memory-mib", options->memory_mib, "Most memory one case may use (default a quarter of the device's, --quick 512)")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24));
   bench->add_option("--seed", options->seed, "Seed of the generated inputs")->capture_default_str();
+  add_dcp_options(*bench, options->dcp, "Conversion cases: ");
   bench->callback([&commands, options] { commands.run = [options] { return run_bench(*options); }; });
 }
 

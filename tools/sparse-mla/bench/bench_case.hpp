@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "sparse_mla/device.hpp"
+#include "sparse_mla/topk_convert.hpp"
 
 namespace sparse_mla::cli {
 
@@ -79,6 +80,7 @@ struct BenchConfig {
   bool quick = false;
   std::uint64_t seed = 0;
   std::size_t copy_bytes = 0;  // size of the copy-ceiling buffers
+  DcpConfig dcp;               // --dcp-*: the DCP conversion cases (convert-dcp/...) when dcp.size > 1
 };
 
 // The cases, in the order they run; each family lives in its own file.

@@ -1,5 +1,7 @@
 // Top-k conversion with valid counts (SPEC section 2) at DeepSeek-V3.2's
-// K = 2048: T = 1, 256 and 1024 decode tokens and a 32768-token batch.
+// K = 2048: T = 1, 256 and 1024 decode tokens and a 32768-token batch; with
+// --dcp-size > 1 the same shapes through the DCP filter (SPEC section 2a,
+// convert-dcp/...), the block table then being the rank's.
 // Bytes: reads 4*T*K, writes 4*T*K + 4*T (block-table reads are extra).
 #include <algorithm>
 #include <optional>
@@ -22,7 +24,7 @@ class ConvertCase final : public BenchCase {
  public:
   // The inputs are drawn in setup(): making a case is cheap, so that the
   // bench's floor cases can ask one for its traffic().
-  ConvertCase(std::int64_t tokens, std::uint64_t seed) : tokens_(tokens), seed_(seed) {}
+  ConvertCase(std::int64_t tokens, std::uint64_t seed, const DcpConfig& dcp) : tokens_(tokens), seed_(seed), dcp_(dcp) {}
 
   Traffic traffic() const override {
     const auto entries = static_cast<std::uint64_t>(tokens_) * K;
@@ -60,6 +62,7 @@ class ConvertCase final : public BenchCase {
   void launch(Stream& stream, int set) override {
     TopkConvertParams params;
     params.block_size = TopkInputs::block_size;
+    params.dcp = dcp_;
     const auto s = static_cast<std::size_t>(set);
     convert_logical_to_physical_topk(stream, req_id_tensor_, table_tensor_, logical_sets_[s], params,
                                      physical_sets_[s], counts_sets_[s]);
@@ -71,12 +74,13 @@ class ConvertCase final : public BenchCase {
     stream.fill(counts_, 0, 0xA5, static_cast<std::size_t>(tokens_) * 4);
     launch(stream, 0);
     return in_->compare(download_from<std::int32_t>(device, stream, physical_, 0, entries),
-                        download_from<std::int32_t>(device, stream, counts_, 0, static_cast<std::size_t>(tokens_)));
+                        download_from<std::int32_t>(device, stream, counts_, 0, static_cast<std::size_t>(tokens_)), dcp_);
   }
 
  private:
   std::int64_t tokens_;
   std::uint64_t seed_;
+  DcpConfig dcp_;
   std::optional<TopkInputs> in_;  // drawn by setup()
   Buffer logical_, physical_, counts_, req_id_, table_;
   Tensor req_id_tensor_, table_tensor_;
@@ -92,7 +96,16 @@ void add_convert_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) 
   for (const std::int64_t T : token_counts) {
     const std::uint64_t seed = config.seed + static_cast<std::uint64_t>(T);
     cases.push_back({"convert/T=" + std::to_string(T), "T=" + std::to_string(T) + ", K=" + std::to_string(K),
-                     Ceiling::device_copy, false, [T, seed] { return std::make_unique<ConvertCase>(T, seed); }});
+                     Ceiling::device_copy, false, [T, seed] { return std::make_unique<ConvertCase>(T, seed, DcpConfig{}); }});
+  }
+  const DcpConfig dcp = config.dcp;
+  if (!dcp.enabled()) return;
+  const std::string split = ", DCP " + std::to_string(dcp.rank) + "/" + std::to_string(dcp.size) + " i" +
+                            std::to_string(dcp.interleave) + (dcp.compact ? " compact" : "");
+  for (const std::int64_t T : token_counts) {
+    const std::uint64_t seed = config.seed + static_cast<std::uint64_t>(T);
+    cases.push_back({"convert-dcp/T=" + std::to_string(T), "T=" + std::to_string(T) + ", K=" + std::to_string(K) + split,
+                     Ceiling::device_copy, false, [T, seed, dcp] { return std::make_unique<ConvertCase>(T, seed, dcp); }});
   }
 }
 

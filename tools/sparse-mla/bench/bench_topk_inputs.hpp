@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "bench_data.hpp"
+#include "sparse_mla/topk_convert.hpp"
+#include "validation/reference/topk_reference.hpp"
 
 namespace sparse_mla::cli {
 
@@ -47,24 +49,36 @@ struct TopkInputs {
   std::size_t logical_bytes() const { return static_cast<std::size_t>(tokens * topk) * 4; }
 
   // "" when `physical` and `counts` are the conversion of these inputs (with
-  // block_stride_rows = block_size), else the first difference.
-  std::string compare(const std::vector<std::int32_t>& physical, const std::vector<std::int32_t>& counts) const {
+  // block_stride_rows = block_size, filtered by `dcp`), computed by the
+  // scalar reference, else the first difference.
+  std::string compare(const std::vector<std::int32_t>& physical, const std::vector<std::int32_t>& counts,
+                      const DcpConfig& dcp = {}) const {
+    reference::TopkInputs in;
+    in.num_tokens = tokens;
+    in.num_topk = topk;
+    in.blocks_per_request = blocks_per_request;
+    in.block_size = block_size;
+    in.block_stride_rows = block_size;
+    in.req_id = req_id;
+    in.block_table = block_table;
+    in.logical = logical;
+    in.dcp_size = dcp.size;
+    in.dcp_rank = dcp.rank;
+    in.dcp_interleave = dcp.interleave;
+    in.dcp_compact = dcp.compact;
+    const reference::TopkOutputs want = reference::convert_topk_dcp(in);
     for (std::int64_t t = 0; t < tokens; ++t) {
-      const std::int32_t* table = &block_table[static_cast<std::size_t>(req_id[static_cast<std::size_t>(t)]) * blocks_per_request];
-      std::int32_t valid = 0;
       for (std::int64_t j = 0; j < topk; ++j) {
         const auto e = static_cast<std::size_t>(t * topk + j);
-        const std::int32_t tok = logical[e];
-        const std::int32_t want = tok < 0 ? -1 : table[tok / block_size] * block_size + tok % block_size;
-        valid += want != -1;
-        if (physical[e] != want) {
+        if (physical[e] != want.physical[e]) {
           return "physical[" + std::to_string(t) + ", " + std::to_string(j) + "] = " + std::to_string(physical[e]) +
-                 ", expected " + std::to_string(want);
+                 ", expected " + std::to_string(want.physical[e]);
         }
       }
-      const std::int32_t got = counts[static_cast<std::size_t>(t)];
-      if (got != valid) {
-        return "valid_counts[" + std::to_string(t) + "] = " + std::to_string(got) + ", expected " + std::to_string(valid);
+      const auto ut = static_cast<std::size_t>(t);
+      if (counts[ut] != want.valid_counts[ut]) {
+        return "valid_counts[" + std::to_string(t) + "] = " + std::to_string(counts[ut]) + ", expected " +
+               std::to_string(want.valid_counts[ut]);
       }
     }
     return "";

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "dcp_options.hpp"
 #include "validation/reference/topk_reference.hpp"
 #include "synthetic_common.hpp"
 #include "synthetic_dump.hpp"
@@ -46,6 +47,8 @@ void check_options(const SyntheticOptions& o) {
   at_least("--block-size", o.block_size, 1);
   at_least("--steps", o.steps, 0);
   if (!o.dump_dir.empty() && o.hisparse) fail(where, "--dump writes topk_convert files; it does not support --hisparse");
+  check_dcp_options(o.dcp, o.block_size, where);
+  if (o.dcp.enabled() && o.hisparse) fail(where, "--hisparse has no DCP form (--dcp-size ", o.dcp.size, ")");
   if (o.context <= o.steps) {
     fail(where, "--context must be larger than --steps (each request grows by one token per decode step), got ",
          o.context, " and ", o.steps);
@@ -138,7 +141,7 @@ std::vector<std::int32_t> indexer_topk(const StepTokens& t, std::int64_t top_k, 
 }
 
 reference::TopkOutputs reference_topk(const Schedule& s, const StepTokens& t, const std::vector<std::int32_t>& logical,
-                                      std::int64_t top_k, std::int32_t block_size) {
+                                      std::int64_t top_k, std::int32_t block_size, const DcpConfig& dcp) {
   reference::TopkInputs in;
   in.num_tokens = t.size();
   in.num_topk = top_k;
@@ -148,7 +151,11 @@ reference::TopkOutputs reference_topk(const Schedule& s, const StepTokens& t, co
   in.req_id = t.req_id;
   in.block_table = s.block_table;
   in.logical = logical;
-  return reference::convert_topk(in);
+  in.dcp_size = dcp.size;
+  in.dcp_rank = dcp.rank;
+  in.dcp_interleave = dcp.interleave;
+  in.dcp_compact = dcp.compact;
+  return reference::convert_topk_dcp(in);
 }
 
 // Compares one layer's output with the reference; a differing entry is
@@ -227,6 +234,7 @@ SyntheticRun::SyntheticRun(const std::string& backend, const SyntheticOptions& o
   // Decode steps have one token per request.
   builder = std::make_unique<SparseMLAIndexGroupBuilder>(device, logical_buffer, o.requests);
   for (int l = 0; l < o.layers; ++l) layers.push_back(builder->register_layer(l % o.index_every == 0));
+  builder->set_dcp(o.dcp);
   block_table = upload(*compute, schedule.block_table, {schedule.requests, schedule.blocks_per_request});
 }
 
@@ -253,7 +261,7 @@ reference::TopkOutputs SyntheticRun::produce_logical(const StepTokens& tokens, S
   const std::vector<std::int32_t> logical = indexer_topk(tokens, options.topk, rng);
   staging.write(logical_buffer, logical);
   if (keep != nullptr) *keep = logical;
-  return reference_topk(schedule, tokens, logical, options.topk, options.block_size);
+  return reference_topk(schedule, tokens, logical, options.topk, options.block_size, options.dcp);
 }
 
 void SyntheticRun::dump(int step, const StepTokens& tokens, const std::vector<std::int32_t>& logical,
@@ -277,6 +285,13 @@ void SyntheticRun::dump(int step, const StepTokens& tokens, const std::vector<st
                       {"index_every", std::to_string(options.index_every)},
                       // the library's differences from the reference in this step, every layer
                       {"reference_mismatches", std::to_string(tally.mismatches - mismatches_before)}};
+  if (options.dcp.enabled()) {  // the block table is this rank's
+    c.extra_metadata["kind"] = "topk_convert_dcp";
+    c.extra_metadata["dcp_size"] = std::to_string(options.dcp.size);
+    c.extra_metadata["dcp_rank"] = std::to_string(options.dcp.rank);
+    c.extra_metadata["dcp_interleave"] = std::to_string(options.dcp.interleave);
+    c.extra_metadata["compact_to_front"] = options.dcp.compact ? "true" : "false";
+  }
   char name[64];
   std::snprintf(name, sizeof name, "synthetic_step%02d_%s", step, step == 0 ? "prefill" : "decode");
   dumped.push_back(write_topk_dump(options.dump_dir, name, c));
@@ -372,10 +387,20 @@ SyntheticReport report(const std::string& backend, const SyntheticRun& run) {
               {"prefill_conversions", run.prefill_conversions}, {"decode_steps", o.steps},
               {"decode_conversions", run.decode_conversions}, {"expected_decode_conversions", expected},
               {"dumped_files", run.dumped.size()}};
+  if (o.dcp.enabled()) {
+    r.fields["dcp_size"] = o.dcp.size;
+    r.fields["dcp_rank"] = o.dcp.rank;
+    r.fields["dcp_interleave"] = o.dcp.interleave;
+    r.fields["compact"] = o.dcp.compact;
+  }
   std::ostringstream heading;
   heading << "synthetic schedule on " << backend << " (seed " << run.seed << "): " << o.layers << " layers, " << groups
           << " index groups (an indexer every " << o.index_every << " layers), " << o.requests << " requests, top-k "
           << o.topk << ", block size " << o.block_size;
+  if (o.dcp.enabled()) {
+    heading << ", DCP rank " << o.dcp.rank << " of " << o.dcp.size << " (interleave " << o.dcp.interleave
+            << (o.dcp.compact ? ", compacted)" : ")");
+  }
   r.lines.push_back(heading.str());
   r.lines.push_back("  prefill step: " + std::to_string(run.prefill_tokens) + " tokens, " +
                     std::to_string(run.prefill_conversions) + " conversions");
@@ -411,6 +436,7 @@ void add_synthetic_options(CLI::App& validate, SyntheticOptions& o) {
   validate.add_option("--hot-slots", o.hot_slots, "Synthetic, --hisparse: hot slots per request (0 = 2 x top-k)")
       ->capture_default_str()
       ->needs(hisparse);
+  add_dcp_options(validate, o.dcp, "Synthetic: ");
   validate.add_option("--dump", o.dump_dir,
                       "Synthetic: write the first index group's conversion of every step to DIR as topk_convert "
                       "golden files (read them back with --golden)");

@@ -13,6 +13,8 @@
 #include <iosfwd>
 #include <string>
 
+#include "sparse_mla/topk_convert.hpp"
+
 namespace sparse_mla::cli {
 
 struct SyntheticOptions {
@@ -29,7 +31,9 @@ struct SyntheticOptions {
   bool hisparse = false;  // --hisparse: HiSparse groups (synthetic_hisparse.cpp)
   int hot_slots = 0;      // --hot-slots: H per request, 0 = 2K
   std::string dump_dir;   // --dump: the first group's conversion of every step as golden files (synthetic_dump.hpp)
+  DcpConfig dcp;          // --dcp-size, --dcp-rank, --dcp-interleave, --compact: the groups convert one rank's share
 };
+
 
 // Adds --synthetic and its options to `validate`.
 void add_synthetic_options(CLI::App& validate, SyntheticOptions& options);

@@ -1,7 +1,8 @@
-// Scalar reference for the top-k conversion (SPEC section 2), written from
+// Scalar reference for the top-k conversion (SPEC sections 2 and 2a), written from
 // the SPEC's text as one plain loop, independent of core/kernels.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +26,12 @@ struct TopkInputs {
   // Prefill workspace variant: both empty, or [>= T] and [P].
   std::vector<std::int32_t> workspace_request;
   std::vector<std::int32_t> workspace_starts;
+  // DCP (SPEC section 2a): dcp_size > 1 filters to rank dcp_rank's tokens
+  // (no workspace then); block_table is the rank-local table.
+  std::int32_t dcp_size = 1;
+  std::int32_t dcp_rank = 0;
+  std::int32_t dcp_interleave = 1;
+  bool dcp_compact = true;
 };
 
 struct TopkOutputs {
@@ -54,6 +61,32 @@ inline TopkOutputs convert_topk(const TopkInputs& in) {
       out.physical[at] = low32(value);
       if (out.physical[at] != -1) ++out.valid_counts[ut];
     }
+  }
+  return out;
+}
+
+// SPEC section 2a, from its words: a position this rank does not own is
+// -1; an owned one is converted at its local position; compaction keeps the
+// valid outputs in input order and fills the rest of the row with -1.
+inline TopkOutputs convert_topk_dcp(const TopkInputs& in) {
+  if (in.dcp_size <= 1) return convert_topk(in);
+  TopkInputs local = in;
+  const std::int64_t S = in.dcp_size, I = in.dcp_interleave;
+  for (std::int32_t& tok : local.logical) {
+    if (tok < 0) continue;
+    const std::int64_t owner = (tok / I) % S;
+    tok = owner == in.dcp_rank ? static_cast<std::int32_t>((tok / (S * I)) * I + tok % I) : -1;
+  }
+  TopkOutputs out = convert_topk(local);
+  if (!in.dcp_compact) return out;
+  for (std::int64_t t = 0; t < in.num_tokens; ++t) {
+    const auto row = out.physical.begin() + t * in.num_topk;
+    std::vector<std::int32_t> kept;
+    for (std::int64_t j = 0; j < in.num_topk; ++j) {
+      if (row[j] != -1) kept.push_back(row[j]);
+    }
+    std::fill(row, row + in.num_topk, -1);
+    std::copy(kept.begin(), kept.end(), row);
   }
   return out;
 }
