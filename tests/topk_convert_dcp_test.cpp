@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -71,7 +72,8 @@ reference::TopkInputs random_inputs(std::mt19937_64& rng, const DcpShape& s, con
   for (std::int64_t i = 0; i < s.R * s.B; ++i) in.block_table.push_back(static_cast<std::int32_t>(rng() % 5000));
   for (std::int64_t i = 0; i < s.T * s.K; ++i) {
     const int k = kind(rng);
-    in.logical.push_back(static_cast<std::int32_t>(k < 75 ? inside(rng) : k < 85 ? past(rng) : k < 95 ? -1 : -7));
+    const std::int64_t extreme = k % 2 ? std::numeric_limits<std::int32_t>::max() - k : std::numeric_limits<std::int32_t>::min() + k;
+    in.logical.push_back(static_cast<std::int32_t>(k < 75 ? inside(rng) : k < 85 ? past(rng) : k < 93 ? -1 : k < 95 ? -7 : extreme));
   }
   return in;
 }
@@ -119,7 +121,8 @@ TEST_P(TopkConvertDcpTest, MatchesTheModelOverShapesRanksAndInterleaves) {
   auto rng = seeded_rng(41);
   for (const DcpShape& s : shapes) {
     for (const DcpConfig base : {DcpConfig{8, 0, 1, true}, DcpConfig{4, 3, 16, true}, DcpConfig{2, 1, 8, false},
-                                 DcpConfig{3, 2, 1, true}, DcpConfig{8, 5, 1, false}}) {
+                                 DcpConfig{3, 2, 1, true}, DcpConfig{8, 5, 1, false}, DcpConfig{3, 1, 6, true},
+                                 DcpConfig{5, 4, 3, false}, DcpConfig{7, 2, 16, true}}) {
       if (s.block_size % base.interleave != 0) continue;
       DcpConfig d = base;
       d.rank = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(d.size));

@@ -60,6 +60,27 @@ struct BlockShift {
   KOKKOS_INLINE_FUNCTION std::int32_t offset(std::int32_t tok) const { return tok & ((1 << shift) - 1); }
 };
 
+// Division of n in [0, 2^31) by a fixed d in [1, 2^31) as a multiply and
+// a shift (Granlund and Montgomery, "Division by invariant integers using
+// multiplication", 1994, theorem 4.2): with l = ceil(log2 d) and
+// m = ceil(2^(31 + l) / d), which fits in 32 bits, n / d = (n * m) >> (31 + l)
+// for every n < 2^31. A power of two is m = 1 and a plain shift.
+struct FastDivide {
+  std::uint32_t m = 1;
+  std::uint32_t s = 0;
+  static FastDivide of(std::int32_t d) {
+    std::uint32_t l = 0;
+    while ((std::uint64_t{1} << l) < static_cast<std::uint64_t>(d)) ++l;
+    if ((std::int64_t{1} << l) == d) return FastDivide{1, l};
+    const std::uint64_t k = 31 + l;
+    return FastDivide{static_cast<std::uint32_t>(((std::uint64_t{1} << k) + static_cast<std::uint64_t>(d) - 1) / static_cast<std::uint64_t>(d)),
+                      static_cast<std::uint32_t>(k)};
+  }
+  KOKKOS_INLINE_FUNCTION std::uint32_t div(std::uint32_t n) const {
+    return static_cast<std::uint32_t>((std::uint64_t{n} * m) >> s);
+  }
+};
+
 // log2(n) when n is a power of two, else -1.
 inline int exact_log2(std::int32_t n) {
   for (int s = 0; s < 31; ++s) {

@@ -34,6 +34,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "space_traits.hpp"
 #include "kernels.hpp"
@@ -202,11 +203,20 @@ struct Dcp {
   std::int32_t size;
   std::int32_t rank;
   std::int32_t interleave;
+  FastDivide by_interleave;  // of `interleave`
+  FastDivide by_size;        // of `size`
+  static Dcp of(std::int32_t size, std::int32_t rank, std::int32_t interleave) {
+    return Dcp{size, rank, interleave, FastDivide::of(interleave), FastDivide::of(size)};
+  }
+  // A negative p wraps to a huge unsigned value whose quotients are
+  // meaningless but defined; p >= 0 masks them.
   KOKKOS_INLINE_FUNCTION std::int32_t local(std::int32_t p) const {
-    const std::int32_t group = p / interleave;
-    const std::int32_t cycle = group / size;
-    const bool owned = p >= 0 && group - cycle * size == rank;
-    return owned ? cycle * interleave + (p - group * interleave) : -1;
+    const auto u = static_cast<std::uint32_t>(p);
+    const std::uint32_t group = by_interleave.div(u);
+    const std::uint32_t cycle = by_size.div(group);
+    const bool owned = p >= 0 && group - cycle * static_cast<std::uint32_t>(size) == static_cast<std::uint32_t>(rank);
+    const std::uint32_t local = cycle * static_cast<std::uint32_t>(interleave) + (u - group * static_cast<std::uint32_t>(interleave));
+    return owned ? static_cast<std::int32_t>(local) : -1;
   }
   KOKKOS_INLINE_FUNCTION void localize(std::int32_t& v) const { v = local(v); }
   KOKKOS_INLINE_FUNCTION void localize(Int4& v) const { v = Int4{local(v.x), local(v.y), local(v.z), local(v.w)}; }
@@ -224,62 +234,92 @@ KOKKOS_INLINE_FUNCTION void store_valid(std::int32_t* out, std::int32_t at, cons
   if (v.w != -1) out[at] = v.w;
 }
 
-// Ints of team scratch team_exclusive_scan needs: two buffers (alternate
+// Ints of team scratch team_round_offsets needs: two buffers (alternate
 // calls use alternate ones, so that one barrier a call suffices between a
-// call's reads and the next call's writes) of one int per warp.
-KOKKOS_INLINE_FUNCTION constexpr std::size_t team_scan_ints() { return 2 * 32; }
+// call's reads and the next call's writes) of one int per warp and unit.
+KOKKOS_INLINE_FUNCTION constexpr std::size_t team_scan_ints(int units) { return 2 * 32 * static_cast<std::size_t>(units); }
 
-// The exclusive prefix sum of `value` over the team's threads in rank order;
-// `total` becomes the team's sum, on every thread. Every thread of the team
-// calls it (it has barriers); `parity` alternates the scratch buffer.
-template <class Member>
-KOKKOS_INLINE_FUNCTION std::int32_t team_exclusive_scan(const Member& team, std::int32_t threads, std::int32_t value,
-                                                        std::int32_t* scratch, int& parity, std::int32_t& total) {
+// Where each of the team's units of a round puts its valid entries in a
+// compacted row. Thread `rank` holds units u = 0 .. N - 1 of the round, in
+// input order (u, rank): all threads' unit 0, then all threads' unit 1, ...
+// count[u] (0 to 4) is the valid entries of the thread's unit u; before[u]
+// becomes the valid entries of the round's units ahead of it, and `total`
+// the round's, on every thread. Every thread of the team calls it (it has a
+// barrier); `parity` alternates the scratch buffer.
+template <int N, class Member>
+KOKKOS_INLINE_FUNCTION void team_round_offsets(const Member& team, std::int32_t threads, const std::int32_t (&count)[N],
+                                               std::int32_t (&before)[N], std::int32_t& total, std::int32_t* scratch,
+                                               int& parity) {
   if (threads == 1) {
-    total = value;
-    return 0;
+    total = 0;
+    for (int u = 0; u < N; ++u) {
+      before[u] = total;
+      total += count[u];
+    }
+    return;
   }
-  std::int32_t* partial = scratch + 32 * parity;
+  std::int32_t* partial = scratch + 32 * N * parity;
   parity ^= 1;
   const std::int32_t rank = team.team_rank();
 #if SPARSE_MLA_WARP_REDUCE
-  // Whole warps of consecutive ranks: a shuffle scan in each warp, the warps'
-  // sums scanned by the first warp through scratch.
+  // Whole warps of consecutive ranks. In a warp, a count's three bits are
+  // three ballots: the lanes below hold popc(ballot & below) of each. The
+  // warps' sums of each unit go through scratch, one barrier, and every
+  // thread adds up those ahead of its own (N x warps reads, no second pass).
   const std::int32_t lane = rank & 31, warp = rank >> 5, warps = threads >> 5;
-  std::int32_t inclusive = value;
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const std::int32_t up = __shfl_up_sync(0xffffffffu, inclusive, offset);
-    if (lane >= offset) inclusive += up;
-  }
-  if (lane == 31) partial[warp] = inclusive;
-  team.team_barrier();
-  if (warp == 0) {
-    std::int32_t w = lane < warps ? partial[lane] : 0;
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const std::int32_t up = __shfl_up_sync(0xffffffffu, w, offset);
-      if (lane >= offset) w += up;
+  const unsigned below = (1u << lane) - 1u;
+  std::int32_t in_warp[N];
+  for (int u = 0; u < N; ++u) {
+    std::int32_t ahead = 0, sum = 0;
+    for (int bit = 0; bit < 3; ++bit) {
+      const unsigned lanes = __ballot_sync(0xffffffffu, (count[u] >> bit) & 1);
+      ahead += __popc(lanes & below) << bit;
+      sum += __popc(lanes) << bit;
     }
-    partial[lane] = w;
+    in_warp[u] = ahead;
+    if (lane == 0) partial[u * 32 + warp] = sum;
   }
   team.team_barrier();
-  total = partial[warps - 1];
-  return inclusive - value + (warp > 0 ? partial[warp - 1] : 0);
+  total = 0;
+  for (int u = 0; u < N; ++u) {
+    std::int32_t unit_total = 0, earlier_warps = 0;
+    for (std::int32_t w = 0; w < warps; ++w) {
+      const std::int32_t sum = partial[u * 32 + w];
+      unit_total += sum;
+      earlier_warps += w < warp ? sum : 0;
+    }
+    before[u] = total + earlier_warps + in_warp[u];
+    total += unit_total;
+  }
 #else
-  // Any backend: Kokkos' team scan, and the last thread's inclusive sum
-  // through scratch for the total.
-  const std::int32_t exclusive = team.team_scan(value);
-  if (rank == threads - 1) *partial = exclusive + value;
-  team.team_barrier();
-  total = *partial;
-  return exclusive;
+  // Any backend: one Kokkos team scan per unit, and the last thread's
+  // inclusive sum through scratch for each unit's total.
+  total = 0;
+  for (int u = 0; u < N; ++u) {
+    const std::int32_t exclusive = team.team_scan(count[u]);
+    if (rank == threads - 1) partial[u] = exclusive + count[u];
+    team.team_barrier();
+    before[u] = total + exclusive;
+    total += partial[u];
+    team.team_barrier();
+  }
 #endif
 }
 
-// A compacted row's tail: entries [valid, count) of `out` become -1.
-template <class Member>
+// A compacted row's tail: entries [valid, count) of `out` become -1, as
+// 16-byte stores from the first multiple of four on when the row's units are
+// (Unit = Int4: the row is 16-byte aligned and count % 4 == 0).
+template <class Unit, class Member>
 KOKKOS_INLINE_FUNCTION void fill_tail(const Member& team, std::int32_t* out, std::int32_t valid, std::int32_t count) {
-  const std::int32_t threads = team.team_size();
-  for (std::int32_t i = valid + team.team_rank(); i < count; i += threads) out[i] = -1;
+  const std::int32_t threads = team.team_size(), rank = team.team_rank();
+  if constexpr (std::is_same<Unit, Int4>::value) {
+    const std::int32_t aligned = (valid + 3) & ~3;
+    for (std::int32_t i = valid + rank; i < aligned && i < count; i += threads) out[i] = -1;
+    Int4* units = reinterpret_cast<Int4*>(out);
+    for (std::int32_t q = aligned / 4 + rank; q < count / 4; q += threads) units[q] = Int4{-1, -1, -1, -1};
+  } else {
+    for (std::int32_t i = valid + rank; i < count; i += threads) out[i] = -1;
+  }
 }
 
 template <class Space, class Split, class Unit, int UnitsInFlight, bool Workspace, class Dcp = NoDcp>
@@ -325,9 +365,10 @@ struct Convert {
   }
 
   // The compacted row (Dcp::compact): every round is taken by the whole team
-  // (the scans have barriers); each unit's valid entries go after those of
-  // the units before it in input order. Returns the row's valid count, on
-  // every thread.
+  // (team_round_offsets has a barrier), with the units of the plain
+  // conversion (rank + u * threads); each unit's valid entries go after those
+  // of the units before it in input order. v holds the first round, loaded.
+  // Returns the row's valid count, on every thread.
   template <class Map>
   KOKKOS_INLINE_FUNCTION std::int32_t compact_row(const member_type& team, const Map& m, const Unit* in, std::int32_t* out,
                                                   Unit (&v)[UnitsInFlight], std::int32_t rank, std::int32_t threads,
@@ -338,7 +379,7 @@ struct Convert {
     for (std::int32_t first = 0; first < units; first += step) {
       const std::int32_t q = first + rank;
       if (first > 0) load(in, v, q, threads, units);
-      std::int32_t count[UnitsInFlight];
+      std::int32_t count[UnitsInFlight], before[UnitsInFlight];
       for (int u = 0; u < UnitsInFlight; ++u) {
         count[u] = 0;
         if (q + u * threads < units) {
@@ -346,12 +387,12 @@ struct Convert {
           count[u] = map_unit(m, v[u]);
         }
       }
+      std::int32_t total = 0;
+      team_round_offsets(team, threads, count, before, total, scratch, parity);
       for (int u = 0; u < UnitsInFlight; ++u) {
-        std::int32_t total = 0;
-        const std::int32_t before = team_exclusive_scan(team, threads, count[u], scratch, parity, total);
-        if (q + u * threads < units) store_valid(out, base + before, v[u]);
-        base += total;
+        if (q + u * threads < units) store_valid(out, base + before[u], v[u]);
       }
+      base += total;
     }
     return base;
   }
@@ -369,7 +410,7 @@ struct Convert {
     const std::int32_t threads = team.team_size();
     const std::int32_t units = p.num_topk / entries(static_cast<const Unit*>(nullptr));
     auto* partial = static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(
-        sizeof(std::int32_t) * (Dcp::compact ? team_scan_ints() : team_sum_ints(threads))));
+        sizeof(std::int32_t) * (Dcp::compact ? team_scan_ints(UnitsInFlight) : team_sum_ints(threads))));
 
     // The first round's indices and the request id go out together.
     const Unit* in = reinterpret_cast<const Unit*>(p.logical + t * p.logical_stride);
@@ -380,7 +421,7 @@ struct Convert {
       const TableMap<Split> m{p.block_table + req * p.block_table_stride, p.limit, p.split, p.block_stride_rows};
       std::int32_t* row = p.physical + t * p.physical_stride;
       const std::int32_t valid = compact_row(team, m, in, row, v, rank, threads, units, partial);
-      fill_tail(team, row, valid, p.num_topk);
+      fill_tail<Unit>(team, row, valid, p.num_topk);
       if (rank == 0) p.valid_counts[t] = valid;
       return;
     }
@@ -427,11 +468,11 @@ struct RoundParams {
 // GPUs, at a constant address, where Kokkos' team scratch pointer took
 // arithmetic on launch parameters before the first load. Host spaces run
 // teams of one, which sum nothing.
-template <int Threads, bool Scan = false>
+template <int Threads, int ScanUnits = 0>
 KOKKOS_INLINE_FUNCTION std::int32_t* round_partials() {
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
   if constexpr (Threads > 1) {
-    __shared__ std::int32_t partials[Scan ? team_scan_ints() : team_sum_ints(Threads)];
+    __shared__ std::int32_t partials[ScanUnits > 0 ? team_scan_ints(ScanUnits) : team_sum_ints(Threads)];
     return partials;
   }
 #endif
@@ -474,19 +515,15 @@ struct ConvertRounds {
   KOKKOS_INLINE_FUNCTION std::int32_t compact_round(const member_type& team, const TableMap<Split>& m,
                                                     Int4 (&v)[UnitsInFlight], std::int32_t* row, std::int32_t base,
                                                     std::int32_t* scratch, int& parity) const {
-    std::int32_t count[UnitsInFlight];
+    std::int32_t count[UnitsInFlight], before[UnitsInFlight];
     for (int u = 0; u < UnitsInFlight; ++u) {
       dcp.localize(v[u]);
       count[u] = map_unit<true>(m, v[u]);
     }
-    std::int32_t added = 0;
-    for (int u = 0; u < UnitsInFlight; ++u) {
-      std::int32_t total = 0;
-      const std::int32_t before = team_exclusive_scan(team, Threads, count[u], scratch, parity, total);
-      store_valid(row, base + added + before, v[u]);
-      added += total;
-    }
-    return added;
+    std::int32_t total = 0;
+    team_round_offsets(team, Threads, count, before, total, scratch, parity);
+    for (int u = 0; u < UnitsInFlight; ++u) store_valid(row, base + before[u], v[u]);
+    return total;
   }
 
   KOKKOS_INLINE_FUNCTION static void load(const Int4* in, Int4 (&v)[UnitsInFlight]) {
@@ -501,7 +538,7 @@ struct ConvertRounds {
     Int4 v[UnitsInFlight];
     load(in, v);
     const std::int32_t req = p.req_id[t];
-    std::int32_t* partial = round_partials<Threads, Dcp::compact>();
+    std::int32_t* partial = round_partials<Threads, Dcp::compact ? UnitsInFlight : 0>();
     if (!Dcp::compact && p.valid_counts != nullptr) begin_team_sum(team, Threads, partial);
 
     // req_id names a row of the table (SPEC), so it is not negative.
@@ -516,7 +553,7 @@ struct ConvertRounds {
         load(in, v);
         valid += compact_round(team, m, v, row, valid, partial, parity);
       }
-      fill_tail(team, row, valid, p.rounds * UnitsInFlight * Threads * 4);
+      fill_tail<Int4>(team, row, valid, p.rounds * UnitsInFlight * Threads * 4);
       if (rank == 0) p.valid_counts[t] = valid;
       return;
     }
@@ -540,7 +577,7 @@ struct ConvertRounds {
 template <class Space, class Unit, int UnitsInFlight, class Split, class Dcp>
 void launch(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, int threads) {
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), threads);
-  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * (Dcp::compact ? team_scan_ints() : team_sum_ints(threads))));
+  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * (Dcp::compact ? team_scan_ints(UnitsInFlight) : team_sum_ints(threads))));
   if constexpr (Dcp::filter) {  // no prefill workspace with DCP (checked by the operation)
     Kokkos::parallel_for("sparse_mla::convert_topk_dcp", policy, Convert<Space, Split, Unit, UnitsInFlight, false, Dcp>{p, dcp});
   } else if (p.workspace_request != nullptr) {
@@ -659,9 +696,9 @@ void convert_topk(const Space& space, const TopkConvertArgs& a) {
     if (a.dcp_size <= 1) {
       topk::convert_split(space, a, split, topk::NoDcp{});
     } else if (a.dcp_compact) {
-      topk::convert_split(space, a, split, topk::Dcp<true>{a.dcp_size, a.dcp_rank, a.dcp_interleave});
+      topk::convert_split(space, a, split, topk::Dcp<true>::of(a.dcp_size, a.dcp_rank, a.dcp_interleave));
     } else {
-      topk::convert_split(space, a, split, topk::Dcp<false>{a.dcp_size, a.dcp_rank, a.dcp_interleave});
+      topk::convert_split(space, a, split, topk::Dcp<false>::of(a.dcp_size, a.dcp_rank, a.dcp_interleave));
     }
   });
 }

@@ -8,6 +8,8 @@
 # optionally, sparse_utils.py (vLLM's, for the reference timing, run with
 # REFERENCE_PYTHON or the python3 that has torch). Kokkos (CUDA, Hopper,
 # position-independent) and GoogleTest are built under .kokkos/ once.
+# SETUP_ONLY=1: build them, write OUT_DIR/env.sh (KOKKOS_PREFIX, DEPS_PREFIX,
+# REFERENCE_SPARSE_UTILS) for other scripts (gpu-compare.sh), and stop.
 set -euo pipefail
 deps=$(realpath "${1:?dependency folder}")
 out=$(realpath -m "${2:?output folder}")
@@ -40,5 +42,10 @@ fi
 export DEPS_PREFIX="$gtest;$deps/prefix"
 if [ -f "$deps/sparse_utils.py" ] && [ -z "${REFERENCE_SPARSE_UTILS:-}" ]; then
   export REFERENCE_SPARSE_UTILS="$deps/sparse_utils.py"
+fi
+if [ -n "${SETUP_ONLY:-}" ]; then
+  printf 'export KOKKOS_PREFIX=%q DEPS_PREFIX=%q REFERENCE_SPARSE_UTILS=%q\n' "$kokkos" "$DEPS_PREFIX" \
+    "${REFERENCE_SPARSE_UTILS:-}" > "$out/env.sh"
+  exit 0
 fi
 exec bash tools/ci/gpu-check.sh "$kokkos" "$out" "$@"
