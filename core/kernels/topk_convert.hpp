@@ -242,11 +242,11 @@ KOKKOS_INLINE_FUNCTION constexpr std::size_t team_scan_ints(int units) { return 
 // Where each of the team's units of a round puts its valid entries in a
 // compacted row. Thread `rank` holds units u = 0 .. N - 1 of the round, in
 // input order (u, rank): all threads' unit 0, then all threads' unit 1, ...
-// count[u] (0 to 4) is the valid entries of the thread's unit u; before[u]
+// count[u] (0 to MaxCount) is the valid entries of the thread's unit u; before[u]
 // becomes the valid entries of the round's units ahead of it, and `total`
 // the round's, on every thread. Every thread of the team calls it (it has a
 // barrier); `parity` alternates the scratch buffer.
-template <int N, class Member>
+template <int N, int MaxCount, class Member>
 KOKKOS_INLINE_FUNCTION void team_round_offsets(const Member& team, std::int32_t threads, const std::int32_t (&count)[N],
                                                std::int32_t (&before)[N], std::int32_t& total, std::int32_t* scratch,
                                                int& parity) {
@@ -262,8 +262,8 @@ KOKKOS_INLINE_FUNCTION void team_round_offsets(const Member& team, std::int32_t 
   parity ^= 1;
   const std::int32_t rank = team.team_rank();
 #if SPARSE_MLA_WARP_REDUCE
-  // Whole warps of consecutive ranks. In a warp, a count's three bits are
-  // three ballots: the lanes below hold popc(ballot & below) of each. The
+  // Whole warps of consecutive ranks. In a warp, each bit of a count is a
+  // ballot: the lanes below hold popc(ballot & below) of each. The
   // warps' sums of each unit go through scratch, one barrier, and every
   // thread adds up those ahead of its own (N x warps reads, no second pass).
   const std::int32_t lane = rank & 31, warp = rank >> 5, warps = threads >> 5;
@@ -271,7 +271,7 @@ KOKKOS_INLINE_FUNCTION void team_round_offsets(const Member& team, std::int32_t 
   std::int32_t in_warp[N];
   for (int u = 0; u < N; ++u) {
     std::int32_t ahead = 0, sum = 0;
-    for (int bit = 0; bit < 3; ++bit) {
+    for (int bit = 0; (MaxCount >> bit) != 0; ++bit) {
       const unsigned lanes = __ballot_sync(0xffffffffu, (count[u] >> bit) & 1);
       ahead += __popc(lanes & below) << bit;
       sum += __popc(lanes) << bit;
@@ -365,32 +365,41 @@ struct Convert {
   }
 
   // The compacted row (Dcp::compact): every round is taken by the whole team
-  // (team_round_offsets has a barrier), with the units of the plain
-  // conversion (rank + u * threads); each unit's valid entries go after those
-  // of the units before it in input order. v holds the first round, loaded.
-  // Returns the row's valid count, on every thread.
+  // (team_round_offsets has a barrier), and in it thread `rank` takes the
+  // consecutive units first + rank * UnitsInFlight, ..., so that one offset
+  // per thread places its units' valid entries, in input order, after those
+  // of the threads before it (its stores are then contiguous too). Returns
+  // the row's valid count, on every thread.
   template <class Map>
   KOKKOS_INLINE_FUNCTION std::int32_t compact_row(const member_type& team, const Map& m, const Unit* in, std::int32_t* out,
-                                                  Unit (&v)[UnitsInFlight], std::int32_t rank, std::int32_t threads,
-                                                  std::int32_t units, std::int32_t* scratch) const {
+                                                  std::int32_t rank, std::int32_t threads, std::int32_t units,
+                                                  std::int32_t* scratch) const {
+    constexpr int unit_entries = entries(static_cast<const Unit*>(nullptr));
     std::int32_t base = 0;
     int parity = 0;
     const std::int32_t step = UnitsInFlight * threads;
     for (std::int32_t first = 0; first < units; first += step) {
-      const std::int32_t q = first + rank;
-      if (first > 0) load(in, v, q, threads, units);
-      std::int32_t count[UnitsInFlight], before[UnitsInFlight];
+      const std::int32_t q = first + rank * UnitsInFlight;
+      Unit v[UnitsInFlight];
+      for (int u = 0; u < UnitsInFlight; ++u) {
+        if (q + u < units) v[u] = in[q + u];
+      }
+      std::int32_t count[UnitsInFlight];
+      std::int32_t mine[1] = {0}, before[1];
       for (int u = 0; u < UnitsInFlight; ++u) {
         count[u] = 0;
-        if (q + u * threads < units) {
+        if (q + u < units) {
           dcp.localize(v[u]);
           count[u] = map_unit(m, v[u]);
         }
+        mine[0] += count[u];
       }
       std::int32_t total = 0;
-      team_round_offsets(team, threads, count, before, total, scratch, parity);
+      team_round_offsets<1, unit_entries * UnitsInFlight>(team, threads, mine, before, total, scratch, parity);
+      std::int32_t at = base + before[0];
       for (int u = 0; u < UnitsInFlight; ++u) {
-        if (q + u * threads < units) store_valid(out, base + before[u], v[u]);
+        if (q + u < units) store_valid(out, at, v[u]);
+        at += count[u];
       }
       base += total;
     }
@@ -410,21 +419,22 @@ struct Convert {
     const std::int32_t threads = team.team_size();
     const std::int32_t units = p.num_topk / entries(static_cast<const Unit*>(nullptr));
     auto* partial = static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(
-        sizeof(std::int32_t) * (Dcp::compact ? team_scan_ints(UnitsInFlight) : team_sum_ints(threads))));
+        sizeof(std::int32_t) * (Dcp::compact ? team_scan_ints(1) : team_sum_ints(threads))));
 
     // The first round's indices and the request id go out together.
     const Unit* in = reinterpret_cast<const Unit*>(p.logical + t * p.logical_stride);
-    Unit v[UnitsInFlight];
-    load(in, v, rank, threads, units);
-    const std::int32_t req = p.req_id[t];
     if constexpr (Dcp::compact) {
+      const std::int32_t req = p.req_id[t];
       const TableMap<Split> m{p.block_table + req * p.block_table_stride, p.limit, p.split, p.block_stride_rows};
       std::int32_t* row = p.physical + t * p.physical_stride;
-      const std::int32_t valid = compact_row(team, m, in, row, v, rank, threads, units, partial);
+      const std::int32_t valid = compact_row(team, m, in, row, rank, threads, units, partial);
       fill_tail<Unit>(team, row, valid, p.num_topk);
       if (rank == 0) p.valid_counts[t] = valid;
       return;
     }
+    Unit v[UnitsInFlight];
+    load(in, v, rank, threads, units);
+    const std::int32_t req = p.req_id[t];
     const std::int32_t workspace = Workspace ? p.workspace_request[t] : -1;
     if (p.valid_counts != nullptr) begin_team_sum(team, threads, partial);
 
@@ -521,7 +531,7 @@ struct ConvertRounds {
       count[u] = map_unit<true>(m, v[u]);
     }
     std::int32_t total = 0;
-    team_round_offsets(team, Threads, count, before, total, scratch, parity);
+    team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
     for (int u = 0; u < UnitsInFlight; ++u) store_valid(row, base + before[u], v[u]);
     return total;
   }
@@ -577,7 +587,7 @@ struct ConvertRounds {
 template <class Space, class Unit, int UnitsInFlight, class Split, class Dcp>
 void launch(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, int threads) {
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), threads);
-  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * (Dcp::compact ? team_scan_ints(UnitsInFlight) : team_sum_ints(threads))));
+  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * (Dcp::compact ? team_scan_ints(1) : team_sum_ints(threads))));
   if constexpr (Dcp::filter) {  // no prefill workspace with DCP (checked by the operation)
     Kokkos::parallel_for("sparse_mla::convert_topk_dcp", policy, Convert<Space, Split, Unit, UnitsInFlight, false, Dcp>{p, dcp});
   } else if (p.workspace_request != nullptr) {
