@@ -26,6 +26,7 @@
 
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/error.hpp"
+#include "sparse_mla/kokkos_runtime.hpp"
 #include "kernels.hpp"
 
 namespace sparse_mla::gpu {
@@ -424,6 +425,8 @@ std::shared_ptr<Device> open_device(int index) {
   info.architecture = R::architecture(prop);
   info.total_memory = prop.totalGlobalMem;
   info.index = index;
+  // Kokkos is initialised on the device opened first, before its kernels exist.
+  if constexpr (R::has_kernels) ensure_kokkos_initialized(index);
   return std::make_shared<GpuDevice<R>>(index, std::move(info), compiled_kernels<R>());
 }
 

@@ -14,14 +14,19 @@ void finalize_at_exit() {
 }
 }  // namespace
 
-void ensure_kokkos_initialized() {
+void ensure_kokkos_initialized(int device_id) {
   static std::once_flag once;
-  std::call_once(once, [] {
+  std::call_once(once, [device_id] {
     if (Kokkos::is_initialized()) return;
-    int argc = 1;
-    char name[] = "sparse_mla";
-    char* argv[] = {name, nullptr};
-    Kokkos::initialize(argc, argv);
+#if KOKKOS_VERSION >= 30700
+    Kokkos::InitializationSettings settings;
+    if (device_id >= 0) settings.set_device_id(device_id);
+    Kokkos::initialize(settings);
+#else
+    Kokkos::InitArguments arguments;
+    arguments.device_id = device_id;
+    Kokkos::initialize(arguments);
+#endif
     library_initialized_kokkos = true;
     std::atexit(finalize_at_exit);
   });

@@ -8,7 +8,10 @@
 
 namespace sparse_mla {
 
-void ensure_kokkos_initialized();
+// `device_id` >= 0: the GPU whose device is opened first (open_device("cuda",
+// N) initialises Kokkos on device N); -1: Kokkos' default. The first call
+// decides.
+void ensure_kokkos_initialized(int device_id = -1);
 // "4.6.1", "3.4.1"
 std::string kokkos_version();
 // The execution spaces the Kokkos in use was built with, default first:
