@@ -132,15 +132,6 @@ LayerConfig hisparse_layer(const char* dtype, std::int64_t head_size) {
   return c;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 TEST_P(HiSparseGroupTest, BuilderRefusesConfigurationsThatCannotWork) {
   auto logical = device->allocate(16 * K * 4, MemoryKind::device);
   const Tensor buffer = Tensor::of(logical, DType::i32, {16, K});

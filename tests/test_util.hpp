@@ -4,11 +4,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <random>
 #include <vector>
 
 #include "sparse_mla/device.hpp"
+#include "sparse_mla/error.hpp"
 #include "sparse_mla/host_debug.hpp"
 #include "sparse_mla/tensor.hpp"
 
@@ -61,6 +63,16 @@ DeviceTensor device_tensor(Device&, Stream& stream, const std::vector<T>& values
   OwnedTensor owned = sparse_mla::upload(stream, values, shape, kind);
   const Tensor view = owned.tensor();
   return DeviceTensor{std::move(owned.buffer()), view};
+}
+
+// The message of the Error `f` throws, or "no error".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
 }
 
 // Fresh random data every run; SPARSE_MLA_TEST_SEED=<n> replays a failure.

@@ -42,10 +42,7 @@ void SparseMLAIndexGroup::set_dcp(const DcpConfig& dcp) {
   if (dcp.enabled() && !supports_dcp()) {
     fail(where("set_dcp"), "this group's decode step has no DCP form (dcp.size ", dcp.size, ")");
   }
-  if (dcp.size < 1) fail(where("set_dcp"), "dcp.size must be at least 1, got ", dcp.size);
-  if (dcp.rank < 0 || dcp.rank >= dcp.size) {
-    fail(where("set_dcp"), "dcp.rank must be in [0, dcp.size) = [0, ", dcp.size, "), got ", dcp.rank);
-  }
+  check_dcp_split(where("set_dcp"), dcp);
   if (dcp.interleave < 1) fail(where("set_dcp"), "dcp.interleave must be positive, got ", dcp.interleave);
   dcp_ = dcp;
 }
@@ -206,6 +203,8 @@ TopkConversion SparseMLAIndexGroup::convert_through(Stream& stream, const StepCa
       stream, req_id_per_token, block_table, call.logical_topk,
       conversion_params(call), out, valid_counts_out);
 }
+
+bool SparseMLAIndexGroup::counts_written(const StepCall& call) const { return conversion_params(call).writes_valid_counts(); }
 
 TopkConvertParams SparseMLAIndexGroup::conversion_params(const StepCall& call) const {
   TopkConvertParams params;

@@ -8,18 +8,22 @@ namespace sparse_mla {
 namespace {
 constexpr const char* where = "convert_logical_to_physical_topk";
 
-bool counts_produced(const TopkConvertParams& params) { return params.return_valid_counts || params.dcp.enabled(); }
-
 void check_dcp(const TopkConvertParams& params, bool prefill) {
   const DcpConfig& d = params.dcp;
-  if (d.size < 1) fail(where, "dcp.size must be at least 1, got ", d.size);
-  if (d.rank < 0 || d.rank >= d.size) fail(where, "dcp.rank must be in [0, dcp.size) = [0, ", d.size, "), got ", d.rank);
+  check_dcp_split(where, d);
   if (d.interleave < 1 || params.block_size % d.interleave != 0) {
     fail(where, "dcp.interleave must be positive and divide block_size ", params.block_size, ", got ", d.interleave);
   }
   if (d.enabled() && prefill) fail(where, "the prefill-workspace variant has no DCP form (dcp.size is ", d.size, ")");
 }
 }  // namespace
+
+void check_dcp_split(const std::string& where_, const DcpConfig& dcp) {
+  if (dcp.size < 1) fail(where_, "dcp.size must be at least 1, got ", dcp.size);
+  if (dcp.rank < 0 || dcp.rank >= dcp.size) {
+    fail(where_, "dcp.rank must be in [0, dcp.size) = [0, ", dcp.size, "), got ", dcp.rank);
+  }
+}
 
 void check_logical_to_physical_topk(const Device& device, const Tensor& req_id, const Tensor& block_table,
                                     const Tensor& logical, const TopkConvertParams& params, const Tensor& out,
@@ -50,7 +54,7 @@ void check_logical_to_physical_topk(const Device& device, const Tensor& req_id, 
         .dim(1, K, "K of logical top-k").on(device);
   }
   if (valid_counts_out.defined()) {
-    if (!counts_produced(params)) fail(where, "valid_counts_out given but return_valid_counts is false");
+    if (!params.writes_valid_counts()) fail(where, "valid_counts_out given but return_valid_counts is false");
     check(where, "valid_counts_out", valid_counts_out).dtype(DType::i32).rank(1).contiguous()
         .dim_at_least(0, T, "one per token").on(device);
   }
@@ -73,7 +77,7 @@ TopkConversion convert_logical_to_physical_topk(Stream& stream, const Tensor& re
     result.physical_storage = OwnedTensor(device, DType::i32, {T, K});
     result.physical = result.physical_storage;
   }
-  const bool counts = counts_produced(params);
+  const bool counts = params.writes_valid_counts();
   if (counts) {
     if (valid_counts_out.defined()) {
       result.valid_counts = valid_counts_out.rows(0, T);

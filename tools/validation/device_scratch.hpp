@@ -1,5 +1,6 @@
 // Tensors of one validation case on a device, on one stream, alive as long
-// as the scratch: the golden handlers' and the HiSparse replay's staging.
+// as the scratch: the staging of the golden handlers, the HiSparse replay
+// and the CLI's synthetic schedules.
 #pragma once
 
 #include <cstdint>
@@ -15,11 +16,30 @@ namespace sparse_mla::validation {
 
 class DeviceScratch {
  public:
-  explicit DeviceScratch(Device& device) : device_(device), stream_(device.create_stream()) {}
+  // On a stream of its own.
+  explicit DeviceScratch(Device& device) : device_(device), owned_(device.create_stream()), stream_(*owned_) {}
+  // On `stream` (a caller's, which must outlive the scratch), so that its
+  // copies are ordered with the caller's work.
+  explicit DeviceScratch(Stream& stream) : device_(stream.device()), stream_(stream) {}
   Device& device() { return device_; }
-  Stream& stream() { return *stream_; }
+  Stream& stream() { return stream_; }
   // A copy of a file's tensor in memory of `kind`.
   Tensor upload(const TensorRecord& record, MemoryKind kind = MemoryKind::device);
+  // A new device tensor of `shape` holding `values`.
+  template <class T>
+  Tensor upload(const std::vector<T>& values, const std::vector<std::int64_t>& shape) {
+    return keep(sparse_mla::upload(stream_, values, shape));
+  }
+  // `values` into the first elements of contiguous `dst`.
+  template <class T>
+  void write(const Tensor& dst, const std::vector<T>& values) {
+    upload_bytes(stream_, values.data(), values.size() * sizeof(T), dst);
+  }
+  // Every element of `view` (rows may be strided), after everything queued so far.
+  template <class T>
+  std::vector<T> download(const Tensor& view) {
+    return sparse_mla::download<T>(stream_, view);
+  }
   // A new device tensor, contents undefined.
   Tensor allocate(DType dtype, const std::vector<std::int64_t>& shape);
   // A new device tensor whose every byte is `byte` (poison).
@@ -33,9 +53,10 @@ class DeviceScratch {
   Tensor keep(OwnedTensor tensor);
   Device& device_;
   std::vector<OwnedTensor> tensors_;
-  // Declared last, so destroyed first: work still queued when a case throws
-  // drains before the tensors it uses are freed.
-  std::unique_ptr<Stream> stream_;
+  // Declared after the tensors, so destroyed first: work still queued on an
+  // own stream when a case throws drains before the tensors it uses are freed.
+  std::unique_ptr<Stream> owned_;
+  Stream& stream_;
 };
 
 // Reinterprets downloaded bytes as values.

@@ -188,8 +188,8 @@ class SparseMLAIndexGroup {
   virtual const char* leader_work() const { return "converted"; }
   // Whether the group's conversions can take a DCP filter (set_dcp).
   virtual bool supports_dcp() const { return true; }
-  // Whether `call`'s conversion writes valid counts: when asked, and always with DCP.
-  bool counts_written(const StepCall& call) const { return call.return_valid_counts || dcp_.enabled(); }
+  // Whether `call`'s conversion writes valid counts (TopkConvertParams::writes_valid_counts).
+  bool counts_written(const StepCall& call) const;
 
  private:
   void check_step(const StepCall& call) const;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/tensor.hpp"
@@ -28,6 +29,10 @@ struct DcpConfig {
   bool enabled() const { return size > 1; }
 };
 
+// Throws Error naming `where` unless size >= 1 and 0 <= rank < size (the
+// interleave is checked where the block size is known).
+void check_dcp_split(const std::string& where, const DcpConfig& dcp);
+
 struct TopkConvertParams {
   std::int32_t block_size = 64;
   // Rows between consecutive physical blocks; 0 means block_size.
@@ -38,6 +43,9 @@ struct TopkConvertParams {
   // Prefill-workspace variant: both defined, or neither (not with DCP).
   Tensor workspace_request;  // int32 [>= T]: -1 for a decode token, else its prefill request p
   Tensor workspace_starts;   // int32 [P]
+
+  // Whether the conversion writes valid counts: when asked, and always with DCP.
+  bool writes_valid_counts() const { return return_valid_counts || dcp.enabled(); }
 };
 
 struct TopkConversion {

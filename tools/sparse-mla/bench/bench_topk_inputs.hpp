@@ -62,10 +62,7 @@ struct TopkInputs {
     in.req_id = req_id;
     in.block_table = block_table;
     in.logical = logical;
-    in.dcp_size = dcp.size;
-    in.dcp_rank = dcp.rank;
-    in.dcp_interleave = dcp.interleave;
-    in.dcp_compact = dcp.compact;
+    in.set_dcp(dcp);
     const reference::TopkOutputs want = reference::convert_topk_dcp(in);
     for (std::int64_t t = 0; t < tokens; ++t) {
       for (std::int64_t j = 0; j < topk; ++j) {

@@ -21,6 +21,7 @@
 #include "dcp_options.hpp"
 #include "validation/reference/topk_reference.hpp"
 #include "synthetic_common.hpp"
+#include "validation/device_scratch.hpp"
 #include "synthetic_dump.hpp"
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/error.hpp"
@@ -151,10 +152,7 @@ reference::TopkOutputs reference_topk(const Schedule& s, const StepTokens& t, co
   in.req_id = t.req_id;
   in.block_table = s.block_table;
   in.logical = logical;
-  in.dcp_size = dcp.size;
-  in.dcp_rank = dcp.rank;
-  in.dcp_interleave = dcp.interleave;
-  in.dcp_compact = dcp.compact;
+  in.set_dcp(dcp);
   return reference::convert_topk_dcp(in);
 }
 
@@ -206,8 +204,8 @@ class SyntheticRun {
 
  private:
   struct StepInputs;
-  StepInputs upload_step(const StepTokens& tokens, SyntheticStaging& staging);
-  reference::TopkOutputs produce_logical(const StepTokens& tokens, SyntheticStaging& staging,
+  StepInputs upload_step(const StepTokens& tokens, validation::DeviceScratch& staging);
+  reference::TopkOutputs produce_logical(const StepTokens& tokens, validation::DeviceScratch& staging,
                                          std::vector<std::int32_t>* keep = nullptr);
   // --dump: the first group's conversion of the step, after the step's checks.
   void dump(int step, const StepTokens& tokens, const std::vector<std::int32_t>& logical,
@@ -238,7 +236,7 @@ SyntheticRun::SyntheticRun(const std::string& backend, const SyntheticOptions& o
   block_table = upload(*compute, schedule.block_table, {schedule.requests, schedule.blocks_per_request});
 }
 
-SyntheticRun::StepInputs SyntheticRun::upload_step(const StepTokens& tokens, SyntheticStaging& staging) {
+SyntheticRun::StepInputs SyntheticRun::upload_step(const StepTokens& tokens, validation::DeviceScratch& staging) {
   // The library's deep check of the table values, as a validating caller runs it.
   check_topk_table_values(tokens.req_id.data(), tokens.size(), schedule.block_table.data(), schedule.requests,
                           schedule.blocks_per_request, schedule.num_physical_blocks);
@@ -256,7 +254,7 @@ SyntheticRun::StepInputs SyntheticRun::upload_step(const StepTokens& tokens, Syn
 
 // The leader's indexer: a fresh selection for this group, written on the
 // compute stream. Returns what the group's layers must see.
-reference::TopkOutputs SyntheticRun::produce_logical(const StepTokens& tokens, SyntheticStaging& staging,
+reference::TopkOutputs SyntheticRun::produce_logical(const StepTokens& tokens, validation::DeviceScratch& staging,
                                                      std::vector<std::int32_t>* keep) {
   const std::vector<std::int32_t> logical = indexer_topk(tokens, options.topk, rng);
   staging.write(logical_buffer, logical);
@@ -315,7 +313,7 @@ std::uint64_t SyntheticRun::total(std::uint64_t ConversionCounts::*field) const 
 // Prefill-sized: every layer converts into its own buffers; each layer's
 // output is read back before the next (they are large).
 void SyntheticRun::prefill_step() {
-  SyntheticStaging staging(*compute);
+  validation::DeviceScratch staging(*compute);
   const StepTokens tokens = prefill_step_tokens(schedule);
   prefill_tokens = tokens.size();
   const StepInputs in = upload_step(tokens, staging);
@@ -339,7 +337,7 @@ void SyntheticRun::prefill_step() {
 // Decode-sized: every layer's rows are copied out on the compute stream, as
 // attention would read them, and checked after the step.
 void SyntheticRun::decode_step(int step) {
-  SyntheticStaging staging(*compute);
+  validation::DeviceScratch staging(*compute);
   const StepTokens tokens = decode_step_tokens(schedule);
   const StepInputs in = upload_step(tokens, staging);
   const std::size_t entries = static_cast<std::size_t>(in.num_tokens * options.topk);

@@ -1,6 +1,7 @@
 // What the two synthetic drivers (synthetic.cpp, synthetic_hisparse.cpp)
-// share: the tally of compared results, the step's device staging, and the
-// summary writer (one JSON object, or lines of text).
+// share: the tally of compared results and the summary writer (one JSON
+// object, or lines of text). A step's device staging is a
+// validation::DeviceScratch on the run's compute stream.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -10,8 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "sparse_mla/device.hpp"
-#include "sparse_mla/tensor.hpp"
 
 namespace sparse_mla::cli {
 
@@ -25,36 +24,6 @@ struct SyntheticTally {
   std::vector<nlohmann::ordered_json> first_json;
   static constexpr std::size_t max_shown = 5;
   void note(const std::string& text, nlohmann::ordered_json detail = nullptr);
-};
-
-// Device tensors of one step, alive until the staging goes away (after the
-// step's synchronize).
-class SyntheticStaging {
- public:
-  explicit SyntheticStaging(Stream& stream) : stream_(stream) {}
-  template <class T>
-  Tensor upload(const std::vector<T>& values, const std::vector<std::int64_t>& shape) {
-    tensors_.push_back(sparse_mla::upload(stream_, values, shape));
-    return tensors_.back();
-  }
-  // A new device tensor, contents undefined.
-  Tensor allocate(DType dtype, const std::vector<std::int64_t>& shape) {
-    tensors_.emplace_back(stream_.device(), dtype, shape);
-    return tensors_.back();
-  }
-  // `values` into the first elements of contiguous `dst`.
-  template <class T>
-  void write(const Tensor& dst, const std::vector<T>& values) {
-    upload_bytes(stream_, values.data(), values.size() * sizeof(T), dst);
-  }
-  template <class T>
-  std::vector<T> download(const Tensor& view) {
-    return sparse_mla::download<T>(stream_, view);
-  }
-
- private:
-  Stream& stream_;
-  std::vector<OwnedTensor> tensors_;
 };
 
 // A run's summary: `fields` in order (the JSON object, after "ok"), `lines`

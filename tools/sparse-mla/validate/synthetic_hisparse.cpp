@@ -34,6 +34,7 @@
 #include "sparse_mla/fp8_upconvert.hpp"
 #include "synthetic.hpp"
 #include "synthetic_common.hpp"
+#include "validation/device_scratch.hpp"
 
 namespace sparse_mla::cli {
 
@@ -90,13 +91,13 @@ class HiSparseRun {
 
  private:
   std::int32_t host_row(std::int32_t request, std::int32_t tok) const;
-  void write_rows(const std::vector<std::int32_t>& host_rows, const std::vector<std::int32_t>& states, SyntheticStaging& scratch);
+  void write_rows(const std::vector<std::int32_t>& host_rows, const std::vector<std::int32_t>& states, validation::DeviceScratch& scratch);
   std::vector<std::int32_t> next_selection(const std::vector<std::int32_t>& previous, std::int32_t position);
   void check_prefill_layer(std::size_t layer, const HiSparsePrefillStagingPlan& plan, const std::vector<std::int32_t>& logical,
-                           SyntheticStaging& scratch);
+                           validation::DeviceScratch& scratch);
   void check_layer(std::size_t layer, const reference::HiSparseStep& step, const reference::HiSparseResult& want,
-                   const std::vector<std::int32_t>& attention, const std::vector<std::int32_t>& counts, SyntheticStaging& scratch);
-  void check_hot_caches(std::size_t group, SyntheticStaging& scratch);
+                   const std::vector<std::int32_t>& attention, const std::vector<std::int32_t>& counts, validation::DeviceScratch& scratch);
+  void check_hot_caches(std::size_t group, validation::DeviceScratch& scratch);
   bool row_matches(std::size_t layer, std::int32_t g, const std::uint8_t* bytes) const;
 };
 
@@ -162,7 +163,7 @@ bool HiSparseRun::row_matches(std::size_t layer, std::int32_t g, const std::uint
 // The host mirror of one step: every layer writes its rows, and each group
 // empties the hot slots that cache one of them.
 void HiSparseRun::write_rows(const std::vector<std::int32_t>& host_rows, const std::vector<std::int32_t>& states,
-                             SyntheticStaging& scratch) {
+                             validation::DeviceScratch& scratch) {
   const std::int64_t n = static_cast<std::int64_t>(host_rows.size());
   for (std::int32_t g : host_rows) ever_written[static_cast<std::size_t>(g)] = true;
   const Tensor ids = scratch.upload(host_rows, {n});
@@ -189,7 +190,7 @@ void HiSparseRun::write_rows(const std::vector<std::int32_t>& host_rows, const s
 }
 
 void HiSparseRun::prefill_step() {
-  SyntheticStaging scratch(*compute);
+  validation::DeviceScratch scratch(*compute);
   std::vector<std::int32_t> rows, owners;
   for (std::int32_t r = 0; r < o.requests; ++r) {
     for (std::int32_t p = 0; p < lengths[std::size_t(r)]; ++p) {
@@ -215,7 +216,7 @@ void HiSparseRun::prefill_step() {
 // The layer's staged rows, and the last prompt token's top-k read through
 // the compact block table.
 void HiSparseRun::check_prefill_layer(std::size_t layer, const HiSparsePrefillStagingPlan& plan,
-                                      const std::vector<std::int32_t>& logical, SyntheticStaging& scratch) {
+                                      const std::vector<std::int32_t>& logical, validation::DeviceScratch& scratch) {
   HiSparseMLAIndexGroup& group = *groups[group_of[layer]];
   const auto staged = group.stage_prefill_rows(layers[layer].index_in_group, *compute, plan, Tensor());
   const std::vector<std::uint8_t> bytes = scratch.download<std::uint8_t>(staged);
@@ -266,7 +267,7 @@ std::vector<std::int32_t> HiSparseRun::next_selection(const std::vector<std::int
 }
 
 void HiSparseRun::decode_step(int step) {
-  SyntheticStaging scratch(*compute);
+  validation::DeviceScratch scratch(*compute);
   std::vector<std::int32_t> order(static_cast<std::size_t>(o.requests));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
@@ -340,7 +341,7 @@ void HiSparseRun::decode_step(int step) {
 // One layer: attention indices and counts as the model says, and the bytes
 // each index reads are the row the layer wrote for that position.
 void HiSparseRun::check_layer(std::size_t layer, const reference::HiSparseStep& step, const reference::HiSparseResult& want,
-                              const std::vector<std::int32_t>& attention, const std::vector<std::int32_t>& counts, SyntheticStaging& scratch) {
+                              const std::vector<std::int32_t>& attention, const std::vector<std::int32_t>& counts, validation::DeviceScratch& scratch) {
   ++tally.checked_results;
   const std::string name = "layer " + std::to_string(layer);
   for (std::size_t i = 0; i < attention.size(); ++i) {
@@ -364,7 +365,7 @@ void HiSparseRun::check_layer(std::size_t layer, const reference::HiSparseStep& 
 
 // The slot state as the model says, and every occupied slot of every layer
 // holds the host pool's row (and the pool holds what the layer wrote).
-void HiSparseRun::check_hot_caches(std::size_t g, SyntheticStaging& scratch) {
+void HiSparseRun::check_hot_caches(std::size_t g, validation::DeviceScratch& scratch) {
   HiSparseMLAIndexGroup& group = *groups[g];
   const auto slot_rows = scratch.download<std::int32_t>(group.slot_rows());
   const auto lru = scratch.download<std::int16_t>(group.lru());

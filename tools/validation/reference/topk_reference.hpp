@@ -32,6 +32,16 @@ struct TopkInputs {
   std::int32_t dcp_rank = 0;
   std::int32_t dcp_interleave = 1;
   bool dcp_compact = true;
+
+  // The DCP fields from a split with the members of sparse_mla::DcpConfig
+  // (size, rank, interleave, compact).
+  template <class Split>
+  void set_dcp(const Split& split) {
+    dcp_size = split.size;
+    dcp_rank = split.rank;
+    dcp_interleave = split.interleave;
+    dcp_compact = split.compact;
+  }
 };
 
 struct TopkOutputs {
