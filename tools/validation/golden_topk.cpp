@@ -81,15 +81,15 @@ std::string show_i32(std::int32_t v) { return std::to_string(v); }
 
 // One conversion into poisoned caller-owned outputs; compares what the file
 // holds.
-void run_once(const SafetensorsFile& f, const TopkCase& c, bool counts, DeviceScratch& scratch, MismatchLog& log) {
-  const Tensor physical = scratch.filled(DType::i32, {c.tokens, c.topk}, 0xA5);
-  counts = counts || c.dcp.enabled();  // DCP conversions always count
-  const Tensor valid_counts = counts ? scratch.filled(DType::i32, {c.tokens}, 0xA5) : Tensor();
+void run_once(const SafetensorsFile& f, const TopkCase& c, bool with_counts, DeviceScratch& scratch, MismatchLog& log) {
   TopkConvertParams params;
   params.block_size = static_cast<std::int32_t>(c.block_size);
   params.block_stride_rows = c.block_stride_rows;
-  params.return_valid_counts = counts;
+  params.return_valid_counts = with_counts;
   params.dcp = c.dcp;
+  const bool counts = params.writes_valid_counts();  // DCP conversions always count
+  const Tensor physical = scratch.filled(DType::i32, {c.tokens, c.topk}, 0xA5);
+  const Tensor valid_counts = counts ? scratch.filled(DType::i32, {c.tokens}, 0xA5) : Tensor();
   convert_logical_to_physical_topk(scratch.stream(), scratch.upload(f.tensor("req_id")),
                                    scratch.upload(f.tensor("block_table")), scratch.upload(f.tensor("logical")),
                                    params, physical, valid_counts);
