@@ -4,6 +4,7 @@
 
 #include "host/host_device.hpp"
 #include "sparse_mla/device.hpp"
+#include "sparse_mla/kokkos_runtime.hpp"
 #include "sparse_mla/error.hpp"
 
 #ifdef SPARSE_MLA_WITH_CUDA
@@ -27,7 +28,9 @@ std::vector<std::string> compiled_backends() {
 }
 
 std::string backend_unavailable_reason(const std::string& backend) {
-  if (backend == "host") return "";
+  // The host backend's kernels need Kokkos, which a GPU-enabled build can
+  // start only where its GPU is.
+  if (backend == "host") return kokkos_unavailable_reason();
 #ifdef SPARSE_MLA_WITH_CUDA
   if (backend == "cuda") return cuda::unavailable_reason();
 #endif

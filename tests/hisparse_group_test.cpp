@@ -155,7 +155,7 @@ TEST_P(HiSparseGroupTest, BuilderRefusesConfigurationsThatCannotWork) {
   c.row_bytes = 650;
   refused(c, "650 bytes are not a positive multiple of 16");
   c.row_bytes = 0;
-  refused(c, "10 bytes are not a positive multiple of 16", LayerConfig{5, "bfloat16", std::nullopt});
+  refused(c, "10 bytes are not a positive multiple of 16", LayerConfig{5, "bfloat16", std::nullopt, std::nullopt});
   refused(c, "row size is unknown");
   c.top_k = 128;
   refused(c, "top_k is 128 but the group's logical top-k buffer has K = 64");

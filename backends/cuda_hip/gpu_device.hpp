@@ -158,7 +158,10 @@ class GpuEvent final : public Event {
     check<R>("EventQuery", status);
     return true;
   }
-  void synchronize() override { check<R>("EventSynchronize", R::EventSynchronize(event_)); }
+  void synchronize() override {
+    device_.note_host_synchronization();
+    check<R>("EventSynchronize", R::EventSynchronize(event_));
+  }
   Device& device() const override { return device_; }
   typename R::event_t native() const { return event_; }
   void* native_handle() const override { return static_cast<void*>(event_); }
@@ -220,8 +223,11 @@ class GpuStream final : public Stream {
 
   // The default copy kind lets the runtime infer the direction from the
   // pointers (unified addressing), so one call serves every pair of kinds.
+  // A copy to or from pageable host memory may block the calling thread: it
+  // counts as a host synchronisation.
   void copy_bytes(void* dst, const void* src, std::size_t bytes) override {
     DeviceGuard<R> guard(device_index());
+    if (!device_can_address<R>(dst) || !device_can_address<R>(src)) device_.note_host_synchronization();
     check<R>("MemcpyAsync", R::MemcpyAsync(dst, src, bytes, R::memcpy_default, stream_), " (", bytes, " bytes)");
   }
   // Device and pinned memory: the runtime's memset. Pageable host memory
@@ -258,6 +264,7 @@ class GpuStream final : public Stream {
     wait(source.join_);
   }
   void synchronize() override {
+    device_.note_host_synchronization();
     DeviceGuard<R> guard(device_index());
     check<R>("StreamSynchronize", R::StreamSynchronize(stream_));
   }

@@ -130,6 +130,7 @@ void HostStream::wait(Stream& other) {
 }
 
 void HostStream::synchronize() {
+  device_.note_host_synchronization();
   std::unique_lock<std::mutex> lock(mutex_);
   const std::uint64_t target = queued_;
   drained_.wait(lock, [this, target] { return finished_ >= target; });
@@ -157,6 +158,7 @@ bool HostEvent::query() {
 }
 
 void HostEvent::synchronize() {
+  device_.note_host_synchronization();
   std::shared_ptr<Marker> marker = last_record();
   if (marker) marker->wait();
 }

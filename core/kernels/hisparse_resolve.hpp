@@ -790,13 +790,19 @@ struct HiSparseResolve {
   }
 };
 
+// Team scratch of one row's resolve; + 16: room to align the set for its
+// 16-byte bucket loads.
+inline std::size_t resolve_hisparse_scratch_bytes(std::int32_t top_k, std::int32_t hot_slots, std::int32_t hot_block_size) {
+  const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(hot_slots, hot_block_size);
+  return hisparse::ResolveScratch::bytes(top_k, hot_slots, cached) + 16;
+}
+
 template <class Space>
 void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
   if (a.num_rows == 0) return;
   using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<hisparse::team_threads, 1>>;
   const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(a.hot_slots, a.hot_block_size);
-  // + 16: room to align the set for its 16-byte bucket loads.
-  const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached) + 16;
+  const std::size_t bytes = resolve_hisparse_scratch_bytes(a.top_k, a.hot_slots, a.hot_block_size);
   // Production rows (K = 2048, H = 4096: 39,440 bytes) fit level-0 (shared
   // memory) scratch; larger shapes take level-1 (global) scratch.
   const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;

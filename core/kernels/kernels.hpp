@@ -7,6 +7,7 @@
 // synchronise and never check.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "sparse_mla/fp8.hpp"
@@ -219,6 +220,57 @@ struct HiSparseStageArgs {
   std::int64_t num_rows;
 };
 
+// Prefill staging plan built on the device (SPEC section 5): the same plan
+// as build_hisparse_prefill_staging_plan (core/src/hisparse_prefill.cpp) for
+// the compact blocks in use, into storage sized once. Request p's context
+// covers blocks b < ceil(context_lengths[p] / block_size); the distinct host
+// blocks those use get compact ids 1, 2, ... in ascending host-block order
+// (0 is the null block), plan_block_table[p, b] is the compact id of each
+// (0 beyond the context), row_ids[c * block_size + off] = host_block *
+// block_size + off, and gpu_row_ids the resident row from the resident table
+// of the first (p, then b) entry that uses the block, or -1. Rows of compact
+// blocks past the last used one are -1 in both. A bad entry (a context
+// length < 0 or needing more than blocks_per_request blocks, a block id
+// outside [0, pool_blocks) inside a context, a block that does not fit the
+// max_staged_blocks compact blocks) counts as the null block, and the first
+// one in (p, b) order, a context length before its request's blocks, goes
+// to error_record.
+struct HiSparsePlanArgs {
+  const std::int32_t* block_table;  // [num_requests, blocks_per_request], row stride block_table_stride
+  std::int64_t block_table_stride;
+  const std::int32_t* context_lengths;  // [num_requests]
+  // Resident table [num_requests, resident_blocks_per_request], or nullptr;
+  // a page < 0 or equal to resident_null_block is not resident.
+  const std::int32_t* resident_block_table;
+  std::int64_t resident_table_stride;
+  std::int32_t resident_blocks_per_request;
+  std::int32_t resident_null_block;
+  std::int32_t num_requests;
+  std::int32_t blocks_per_request;  // (num_requests * (blocks_per_request + 1) < 2^31: entry keys)
+  std::int32_t block_size;
+  std::int32_t pool_blocks;        // host blocks of the pool (pool_blocks * block_size < 2^31)
+  std::int32_t max_staged_blocks;  // compact blocks 1 .. max_staged_blocks
+  // Outputs.
+  std::int32_t* plan_block_table;  // [num_requests, blocks_per_request], packed
+  std::int32_t* row_ids;           // [(1 + max_staged_blocks) * block_size]
+  std::int32_t* gpu_row_ids;       // [(1 + max_staged_blocks) * block_size]
+  std::int32_t* error_record;      // [4]: HiSparsePlanError code, request, block (-1: the length), value
+  // Scratch, written before it is read.
+  std::int32_t* first_use;          // [pool_blocks]: key of the first entry using each host block
+  std::int32_t* compact_block;      // [pool_blocks]: compact id of each used host block
+  std::int32_t* staged_host_block;  // [max_staged_blocks]: host block of compact id c + 1
+  std::int32_t* totals;             // [2]: key of the first bad entry, distinct host blocks used
+};
+
+// The codes of HiSparsePlanArgs::error_record[0].
+enum class HiSparsePlanError : std::int32_t {
+  none = 0,
+  bad_context_length = 1,  // value: the length
+  negative_block = 2,      // value: the block id
+  block_outside_pool = 3,  // value: the block id
+  too_many_blocks = 4,     // value: the distinct host blocks used; (request, block): the first entry that does not fit
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -229,6 +281,12 @@ class Kernels {
 
   // data[0 .. count) = value: poisoning outputs, clearing slot maps.
   virtual void fill_i32(Stream& stream, const FillI32Args& args) const = 0;
+  // Grows the stream's team scratch to `bytes` per team now, so that no
+  // launch of a step grows it (core/kernels/team_scratch.hpp).
+  virtual void reserve_team_scratch(Stream& stream, std::size_t bytes) const = 0;
+  // The team scratch one row of the HiSparse resolve asks for.
+  virtual std::size_t resolve_hisparse_scratch_bytes(std::int32_t top_k, std::int32_t hot_slots,
+                                                     std::int32_t hot_block_size) const = 0;
   // core/kernels/topk_convert.hpp
   virtual void convert_topk(Stream& stream, const TopkConvertArgs& args) const = 0;
   // core/kernels/fp8_upconvert.hpp
@@ -242,6 +300,8 @@ class Kernels {
   virtual void invalidate_hisparse_slots(Stream& stream, const HiSparseInvalidateArgs& args) const = 0;
   // core/kernels/hisparse_stage.hpp
   virtual void stage_hisparse_rows(Stream& stream, const HiSparseStageArgs& args) const = 0;
+  // core/kernels/hisparse_plan.hpp
+  virtual void plan_hisparse_prefill(Stream& stream, const HiSparsePlanArgs& args) const = 0;
 };
 
 }  // namespace sparse_mla

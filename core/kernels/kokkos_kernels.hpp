@@ -11,8 +11,10 @@
 #include "fp8_upconvert.hpp"
 #include "hisparse_gather.hpp"
 #include "hisparse_mirror.hpp"
+#include "hisparse_plan.hpp"
 #include "hisparse_resolve.hpp"
 #include "hisparse_stage.hpp"
+#include "team_scratch.hpp"
 #include "topk_convert.hpp"
 #include "kernels.hpp"
 
@@ -28,6 +30,13 @@ class KokkosKernels final : public Kernels {
 
   void fill_i32(Stream& stream, const FillI32Args& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::fill_i32(s, a); });
+  }
+  void reserve_team_scratch(Stream& stream, std::size_t bytes) const override {
+    Exec::launch(stream, [bytes](const space& s) { kernels::reserve_team_scratch(s, bytes); });
+  }
+  std::size_t resolve_hisparse_scratch_bytes(std::int32_t top_k, std::int32_t hot_slots,
+                                             std::int32_t hot_block_size) const override {
+    return kernels::resolve_hisparse_scratch_bytes(top_k, hot_slots, hot_block_size);
   }
   void convert_topk(Stream& stream, const TopkConvertArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::convert_topk(s, a); });
@@ -49,6 +58,9 @@ class KokkosKernels final : public Kernels {
   }
   void stage_hisparse_rows(Stream& stream, const HiSparseStageArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::stage_hisparse_rows(s, a); });
+  }
+  void plan_hisparse_prefill(Stream& stream, const HiSparsePlanArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::plan_hisparse_prefill(s, a); });
   }
 };
 

@@ -47,7 +47,10 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 Buffer::~Buffer() { release(); }
 
 void Buffer::release() noexcept {
-  if (data_ != nullptr && device_ != nullptr) device_->free_raw(data_, kind_);
+  if (data_ != nullptr && device_ != nullptr) {
+    device_->free_raw(data_, kind_);
+    device_->frees_.fetch_add(1, std::memory_order_relaxed);
+  }
   data_ = nullptr;
   bytes_ = 0;
 }
@@ -92,6 +95,7 @@ void Stream::fill(Buffer& dst, std::size_t offset, std::uint8_t value, std::size
 
 Buffer Device::allocate(std::size_t bytes, MemoryKind kind) {
   if (bytes == 0) return Buffer(this, nullptr, 0, kind);
+  allocations_.fetch_add(1, std::memory_order_relaxed);
   void* data = allocate_raw(bytes, kind);
   if (data == nullptr) {
     fail("Device::allocate", "could not allocate ", bytes, " bytes of ", memory_kind_name(kind), " memory on ",
@@ -133,6 +137,16 @@ const Kernels& Device::kernels() const {
          " kernels (its Kokkos has no execution space for this backend); only the native layer was compiled");
   }
   return *kernels_;
+}
+
+DeviceActivity Device::activity() const {
+  return DeviceActivity{allocations_.load(std::memory_order_relaxed), frees_.load(std::memory_order_relaxed),
+                        host_synchronizations_.load(std::memory_order_relaxed)};
+}
+
+DeviceActivity operator-(const DeviceActivity& after, const DeviceActivity& before) {
+  return DeviceActivity{after.allocations - before.allocations, after.frees - before.frees,
+                        after.host_synchronizations - before.host_synchronizations};
 }
 
 std::string Device::execution_space() const { return kernels().execution_space(); }

@@ -6,6 +6,7 @@
 #include "sparse_mla/error.hpp"
 #include "sparse_mla/fp8.hpp"
 #include "sparse_mla/hisparse_ops.hpp"
+#include "kernels.hpp"
 
 namespace sparse_mla {
 
@@ -52,7 +53,7 @@ HiSparseMLAIndexGroup::ResolveCall HiSparseMLAIndexGroup::resolve_call(const Ste
   r.in.resident_block_size = batch.block_size;
   r.in.resident_null_block = batch.hisparse->resident_null_block;
   r.in.hot_table_by_state = !batch.hisparse->hot_block_table.defined();
-  r.in.hot_block_table = r.in.hot_table_by_state ? hot_block_table_.tensor() : batch.hisparse->hot_block_table;
+  r.in.hot_block_table = r.in.hot_table_by_state ? hot_block_table() : batch.hisparse->hot_block_table;
   r.in.hot_block_size = config_.block_size;
   r.in.attention_block_stride = config_.attention_block_stride;
   r.out.hot_indices = hot_indices_.tensor().rows(0, T);
@@ -73,6 +74,10 @@ HiSparseMLAIndexGroup::HiSparseMLAIndexGroup(std::shared_ptr<Device> device, con
   hot_blocks_per_state_ = (config_.hot_slots + config_.block_size - 1) / config_.block_size;
   allocate_state();
   prefill_stream_ = this->device().create_stream();
+  if (!this->device().has_kernels()) return;
+  const Kernels& kernels = detail::kernels_of(this->device());
+  kernels.reserve_team_scratch(side_stream(), kernels.resolve_hisparse_scratch_bytes(static_cast<std::int32_t>(top_k()),
+                                                                                     config_.hot_slots, config_.block_size));
 }
 
 HiSparseMLAIndexGroup::~HiSparseMLAIndexGroup() {
@@ -81,17 +86,41 @@ HiSparseMLAIndexGroup::~HiSparseMLAIndexGroup() {
   prefill_stream_->synchronize();
 }
 
+// The slot state starts empty (every slot free, LRU 0 .. H-1); state row s
+// owns hot blocks s * hot_blocks_per_state ... unless the engine placed them
+// (HiSparseStateStorage::hot_block_table).
 void HiSparseMLAIndexGroup::allocate_state() {
+  constexpr const char* where = "HiSparseMLAIndexGroup";
   Device& dev = device();
   Stream& stream = side_stream();
   const std::int64_t S = config_.max_requests, H = config_.hot_slots, K = top_k(), W = workspace_rows();
+  const HiSparseStateStorage& engine = config_.state;
   std::vector<std::int16_t> lru(static_cast<std::size_t>(S * H));
   for (std::int64_t s = 0; s < S; ++s) std::iota(lru.begin() + s * H, lru.begin() + (s + 1) * H, std::int16_t{0});
-  std::vector<std::int32_t> hot_blocks(static_cast<std::size_t>(S * hot_blocks_per_state_));
-  std::iota(hot_blocks.begin(), hot_blocks.end(), 0);  // state s owns blocks s * hot_blocks_per_state ...
-  slot_rows_ = upload(stream, std::vector<std::int32_t>(lru.size(), -1), {S, H});
-  lru_ = upload(stream, lru, {S, H});
-  hot_block_table_ = upload(stream, hot_blocks, {S, hot_blocks_per_state_});
+  const std::vector<std::int32_t> empty(lru.size(), -1);
+  if (engine.slot_rows.defined()) {
+    check(where, "config.state.slot_rows", engine.slot_rows).dtype(DType::i32).rank(2).dim(0, S, "max_requests")
+        .dim(1, H, "hot_slots").contiguous().kind(MemoryKind::device).on(dev);
+    upload_bytes(stream, empty.data(), empty.size() * sizeof(std::int32_t), engine.slot_rows);
+  } else {
+    slot_rows_ = upload(stream, empty, {S, H});
+  }
+  if (engine.lru.defined()) {
+    check(where, "config.state.lru", engine.lru).dtype(DType::i16).rank(2).dim(0, S, "max_requests")
+        .dim(1, H, "hot_slots").contiguous().kind(MemoryKind::device).on(dev);
+    upload_bytes(stream, lru.data(), lru.size() * sizeof(std::int16_t), engine.lru);
+  } else {
+    lru_ = upload(stream, lru, {S, H});
+  }
+  if (engine.hot_block_table.defined()) {
+    check(where, "config.state.hot_block_table", engine.hot_block_table).dtype(DType::i32).rank(2)
+        .dim(0, S, "max_requests").dim(1, hot_blocks_per_state_, "hot blocks per state (ceil(H / block_size))")
+        .rows_contiguous().on(dev);
+  } else {
+    std::vector<std::int32_t> hot_blocks(static_cast<std::size_t>(S * hot_blocks_per_state_));
+    std::iota(hot_blocks.begin(), hot_blocks.end(), 0);
+    hot_block_table_ = upload(stream, hot_blocks, {S, hot_blocks_per_state_});
+  }
   for (OwnedTensor* t : {&hot_indices_, &miss_mask_, &swap_host_rows_, &swap_device_rows_}) {
     *t = OwnedTensor(dev, DType::i32, {W, K});
   }
@@ -99,11 +128,20 @@ void HiSparseMLAIndexGroup::allocate_state() {
   counters_ = upload(stream, std::vector<std::int64_t>{0, 0}, {2});
 }
 
+const Tensor& HiSparseMLAIndexGroup::slot_rows() const { return config_.state.slot_rows.defined() ? config_.state.slot_rows : slot_rows_.tensor(); }
+const Tensor& HiSparseMLAIndexGroup::lru() const { return config_.state.lru.defined() ? config_.state.lru : lru_.tensor(); }
+const Tensor& HiSparseMLAIndexGroup::hot_block_table() const {
+  return config_.state.hot_block_table.defined() ? config_.state.hot_block_table : hot_block_table_.tensor();
+}
+
 int HiSparseMLAIndexGroup::register_layer(const LayerConfig& config) {
   const std::int64_t row_bytes = layer_row_bytes(config, config_);
-  auto cache = std::make_unique<HiSparseCacheHandle>(device(), side_stream(), config_, row_bytes);
-  side_stream().synchronize();  // the hot cache is cleared before anyone reads it
-  caches_.push_back(std::move(cache));
+  if (config.hisparse_storage) {
+    caches_.push_back(std::make_unique<HiSparseCacheHandle>(device(), config_, row_bytes, *config.hisparse_storage));
+  } else {
+    caches_.push_back(std::make_unique<HiSparseCacheHandle>(device(), side_stream(), config_, row_bytes));
+    side_stream().synchronize();  // the hot cache is cleared before anyone reads it
+  }
   return SparseMLAIndexGroup::register_layer(config);
 }
 
@@ -133,12 +171,12 @@ void HiSparseMLAIndexGroup::check_decode_step(const StepCall& call) const {
   if (call.batch.hisparse == nullptr) fail(w, "batch.hisparse is null: a HiSparse group needs the step's state rows");
   if (caches_.empty()) fail(w, "the group has no layers");
   const ResolveCall r = resolve_call(call);
-  check_resolve_hisparse(device(), r.in, HiSparseSlotState{slot_rows_, lru_}, config_.hot_slots, r.out);
+  check_resolve_hisparse(device(), r.in, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, r.out);
 }
 
 void HiSparseMLAIndexGroup::queue_conversion(Stream& side, const StepCall& call) {
   const ResolveCall r = resolve_call(call);
-  resolve_hisparse(side, r.in, HiSparseSlotState{slot_rows_, lru_}, config_.hot_slots, r.out);
+  resolve_hisparse(side, r.in, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, r.out);
   ++resolves_;
 }
 
@@ -165,7 +203,8 @@ TopkConversion HiSparseMLAIndexGroup::convert_prefill_sized(const StepCall& call
     fail(where("convert_logical_to_physical_topk"), "a prefill-sized batch (", call.num_tokens(), " rows, workspace ",
          workspace_rows(), ") needs batch.hisparse->resident_block_table: stage non-resident prefill rows first");
   }
-  return convert_through(call.compute, call, call.batch.req_id_per_token, call.batch.hisparse->resident_block_table);
+  return convert_through(call.compute, call, call.batch.req_id_per_token, call.batch.hisparse->resident_block_table,
+                         call.out, call.valid_counts_out);
 }
 
 // ---- Host mirror, counters ----
@@ -176,15 +215,27 @@ void HiSparseMLAIndexGroup::write_rows(int layer_index, Stream& compute, const T
 }
 
 void HiSparseMLAIndexGroup::invalidate_rows(Stream& compute, const Tensor& host_row_ids, const Tensor& state_rows) {
-  invalidate_hisparse_slots(compute, HiSparseSlotState{slot_rows_, lru_}, config_.hot_slots, host_row_ids, state_rows);
+  invalidate_hisparse_slots(compute, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, host_row_ids, state_rows);
+}
+
+std::uint64_t HiSparseMLAIndexGroup::bytes_per_miss() const {
+  std::uint64_t bytes = 0;
+  for (const auto& layer : caches_) bytes += static_cast<std::uint64_t>(layer->row_bytes());
+  return bytes;
 }
 
 HiSparseCounters HiSparseMLAIndexGroup::counters() {
   const std::vector<std::int64_t> hit_miss = download<std::int64_t>(side_stream(), counters_);
-  std::uint64_t bytes_per_miss = 0;
-  for (const auto& layer : caches_) bytes_per_miss += static_cast<std::uint64_t>(layer->row_bytes());
   const auto hits = static_cast<std::uint64_t>(hit_miss[0]), misses = static_cast<std::uint64_t>(hit_miss[1]);
-  return HiSparseCounters{hits, misses, misses * bytes_per_miss};
+  return HiSparseCounters{hits, misses, misses * bytes_per_miss()};
+}
+
+void HiSparseMLAIndexGroup::snapshot_counters(Stream& stream, const Tensor& out) {
+  const std::string w = where("snapshot_counters");
+  if (&stream.device() != &device()) fail(w, "the stream belongs to another device than the group's");
+  check(w, "out", out).dtype(DType::i64).rank(1).dim(0, 2, "the counters {hits, misses}").contiguous().on(device());
+  stream.wait(side_stream());
+  stream.copy_bytes(out.data(), counters_.data(), 2 * sizeof(std::int64_t));
 }
 
 HiSparseFootprint HiSparseMLAIndexGroup::footprint() const {
@@ -203,22 +254,46 @@ HiSparseFootprint HiSparseMLAIndexGroup::footprint() const {
 
 // ---- Prefill ----
 
+namespace {
+
+// The plan's staged rows (num_blocks * block_size), once the plan is known
+// to fit a group of `block_size`.
+std::int64_t staged_rows_of(const std::string& w, const HiSparsePrefillStagingPlan& plan, std::int32_t block_size) {
+  if (plan.block_size != block_size) fail(w, "the plan's block size ", plan.block_size, " differs from the group's ", block_size);
+  const std::int64_t rows = plan.num_blocks * plan.block_size;
+  if (plan.row_ids.numel() != rows) fail(w, "the plan has ", plan.row_ids.numel(), " row ids for ", rows, " staged rows");
+  return rows;
+}
+
+}  // namespace
+
 OwnedTensor HiSparseMLAIndexGroup::stage_prefill_rows(int layer_index, Stream& compute,
                                                       const HiSparsePrefillStagingPlan& plan,
                                                       const Tensor& resident_cache) {
   check_layer("stage_prefill_rows", layer_index, compute);
+  staged_rows_of(where("stage_prefill_rows"), plan, config_.block_size);
+  OwnedTensor staged(device(), DType::u8, {plan.num_blocks, plan.block_size, cache(layer_index).row_bytes()});
+  stage_prefill_rows(layer_index, compute, plan, resident_cache, staged);
+  return staged;
+}
+
+void HiSparseMLAIndexGroup::stage_prefill_rows(int layer_index, Stream& compute, const HiSparsePrefillStagingPlan& plan,
+                                               const Tensor& resident_cache, const Tensor& staged) {
+  check_layer("stage_prefill_rows", layer_index, compute);
   const std::string w = where("stage_prefill_rows");
-  if (plan.block_size != config_.block_size) {
-    fail(w, "the plan's block size ", plan.block_size, " differs from the group's ", config_.block_size);
-  }
+  const std::int64_t rows = staged_rows_of(w, plan, config_.block_size);
   HiSparseCacheHandle& layer = cache(layer_index);
-  const std::int64_t rows = plan.num_blocks * plan.block_size;
-  if (plan.row_ids.numel() != rows) fail(w, "the plan has ", plan.row_ids.numel(), " row ids for ", rows, " staged rows");
-  OwnedTensor staged(device(), DType::u8, {plan.num_blocks, plan.block_size, layer.row_bytes()});
-  const Tensor flat = Tensor::of(staged.buffer(), DType::u8, {rows, layer.row_bytes()});
+  const std::int64_t row_bytes = layer.row_bytes();
+  check(w, "staged", staged).dtype(DType::u8).contiguous().on(device());
+  if (staged.rank() == 3) {
+    check(w, "staged", staged).dim_at_least(0, plan.num_blocks, "the plan's staged blocks")
+        .dim(1, plan.block_size, "the plan's block size").dim(2, row_bytes, "row bytes of the layer");
+  } else {
+    check(w, "staged", staged).rank(2).dim_at_least(0, rows, "the plan's staged rows").dim(1, row_bytes, "row bytes of the layer");
+  }
+  const Tensor flat(staged.data(), DType::u8, {rows, row_bytes}, staged.kind(), staged.device());
   stage_hisparse_rows(compute, layer.host_pool(), plan.row_ids, resident_cache,
                       resident_cache.defined() ? plan.gpu_row_ids : Tensor(), flat);
-  return staged;
 }
 
 Event* HiSparseMLAIndexGroup::gather_fp8_prefill(int layer_index, Stream& compute, const Tensor& source_cache,
@@ -248,6 +323,11 @@ Event* HiSparseMLAIndexGroup::gather_fp8_prefill(int layer_index, Stream& comput
   // cache only stands in as the (unread) device cache argument.
   const Tensor& device_cache = source_cache.defined() ? source_cache : layer.hot_cache();
   if (!source_cache.defined()) {
+    // A plan built on the device has no host copy to look at: one built with
+    // a resident table may have resident rows.
+    if (plan->built_on_device() && plan->has_resident_table) {
+      fail(w, "the plan was built with a resident table but source_cache (the resident device cache) is undefined");
+    }
     for (std::int32_t id : plan->host_gpu_row_ids) {
       if (id >= 0) fail(w, "the plan has resident rows but source_cache (the resident device cache) is undefined");
     }

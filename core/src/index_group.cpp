@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "sparse_mla/error.hpp"
+#include "kernels.hpp"
 
 namespace sparse_mla {
 
@@ -23,6 +24,8 @@ SparseMLAIndexGroup::SparseMLAIndexGroup(std::shared_ptr<Device> device, const T
   logical_topk_ready_ = device_->create_event();
   physical_topk_ready_ = device_->create_event();
   side_stream_ = device_->create_stream();
+  // The step path's kernels must never grow Kokkos' team scratch.
+  if (device_->has_kernels()) detail::kernels_of(*device_).reserve_team_scratch(*side_stream_, step_team_scratch_bytes);
 }
 
 SparseMLAIndexGroup::~SparseMLAIndexGroup() = default;
@@ -94,8 +97,10 @@ TopkConversion SparseMLAIndexGroup::convert_logical_to_physical_topk(int layer_i
                                                                      const Tensor& logical_topk,
                                                                      const BatchMetadata& batch,
                                                                      std::int64_t block_stride_rows,
-                                                                     bool return_valid_counts) {
-  const StepCall call{layer_index, compute, logical_topk, batch, block_stride_rows, return_valid_counts};
+                                                                     bool return_valid_counts, const Tensor& out,
+                                                                     const Tensor& valid_counts_out) {
+  const StepCall call{layer_index, compute, logical_topk, batch, block_stride_rows, return_valid_counts, out,
+                      valid_counts_out};
   check_step(call);
   if (!is_decode_sized(call.num_tokens())) {
     TopkConversion result = convert_prefill_sized(call);
@@ -184,9 +189,11 @@ void SparseMLAIndexGroup::queue_layer_work(Stream& /*side*/, const StepCall& /*c
 
 Event& SparseMLAIndexGroup::layer_ready(int /*layer_index*/) const { return *physical_topk_ready_; }
 
-// Prefill-sized: no sharing, fresh buffers on the compute stream.
+// Prefill-sized: no sharing; on the compute stream into the caller's outputs
+// (or fresh buffers).
 TopkConversion SparseMLAIndexGroup::convert_prefill_sized(const StepCall& call) {
-  return convert_through(call.compute, call, call.batch.req_id_per_token, call.batch.block_table);
+  return convert_through(call.compute, call, call.batch.req_id_per_token, call.batch.block_table, call.out,
+                         call.valid_counts_out);
 }
 
 void SparseMLAIndexGroup::check_convert_through(const StepCall& call, const Tensor& req_id_per_token,

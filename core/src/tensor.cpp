@@ -23,6 +23,18 @@ Tensor::Tensor(void* data, DType dtype, const std::vector<std::int64_t>& shape, 
   }
 }
 
+Tensor::Tensor(void* data, DType dtype, const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides,
+               MemoryKind kind, const Device* device)
+    : Tensor(data, dtype, shape, kind, device) {
+  if (strides.size() != shape.size()) {
+    fail("Tensor", "strides has ", strides.size(), " entries for a shape of rank ", shape.size());
+  }
+  for (std::size_t i = 0; i < strides.size(); ++i) {
+    if (strides[i] < 0) fail("Tensor", "stride ", i, " is negative (", strides[i], ")");
+    strides_[i] = strides[i];
+  }
+}
+
 Tensor Tensor::of(const Buffer& buffer, DType dtype, const std::vector<std::int64_t>& shape) {
   Tensor t(buffer.data(), dtype, shape, buffer.kind(), buffer.device());
   const std::int64_t n = t.numel();

@@ -10,6 +10,7 @@
 // (open_device() hands out a shared_ptr; keep it while they live).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -146,6 +147,17 @@ class Stream {
   std::shared_ptr<void> kernel_context_;
 };
 
+// What a device's backend has done that a step path must never do (SPEC
+// section 7), counted since the device was opened, from every thread.
+// Device::activity() takes a snapshot; the difference of two snapshots is
+// what happened between them.
+struct DeviceActivity {
+  std::uint64_t allocations = 0;            // Device::allocate, any memory kind
+  std::uint64_t frees = 0;                  // a Buffer returning its memory
+  std::uint64_t host_synchronizations = 0;  // a calling thread blocked on a stream or an event
+};
+DeviceActivity operator-(const DeviceActivity& after, const DeviceActivity& before);
+
 struct DeviceInfo {
   std::string backend;           // "host", "cuda", "hip"
   std::string name;              // "NVIDIA H200", "host (2 threads)"
@@ -190,6 +202,12 @@ class Device : public std::enable_shared_from_this<Device> {
   // Whether kernels of this device may read or write memory of `kind`.
   bool kernel_accessible(MemoryKind kind) const { return kind != MemoryKind::host || backend() == Backend::host; }
 
+  // The counting hook: allocations and frees are counted here, host
+  // synchronisations by the backend's streams and events
+  // (note_host_synchronization) at every call that blocks the calling thread.
+  DeviceActivity activity() const;
+  void note_host_synchronization() const noexcept { host_synchronizations_.fetch_add(1, std::memory_order_relaxed); }
+
  protected:
   explicit Device(const Kernels* kernels) : kernels_(kernels) {}
   virtual void* allocate_raw(std::size_t bytes, MemoryKind kind) = 0;
@@ -207,6 +225,9 @@ class Device : public std::enable_shared_from_this<Device> {
   friend const Kernels& detail::kernels_of(const Device& device);
   const Kernels& kernels() const;
   const Kernels* kernels_;
+  std::atomic<std::uint64_t> allocations_{0};
+  std::atomic<std::uint64_t> frees_{0};
+  mutable std::atomic<std::uint64_t> host_synchronizations_{0};
 };
 
 // Backends compiled into this build, host first: {"host", "cuda", "hip"}.

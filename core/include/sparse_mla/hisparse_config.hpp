@@ -9,6 +9,30 @@
 
 namespace sparse_mla {
 
+// Engine-owned slot state of a HiSparse group (SPEC section 7): tensors the
+// engine allocated and keeps alive while the group lives. Undefined tensors
+// are allocated by the group.
+struct HiSparseStateStorage {
+  Tensor slot_rows;        // int32 [max_requests, H] on the device: emptied by the group's constructor
+  Tensor lru;              // int16 [max_requests, H] on the device: reset to 0 .. H-1 by the constructor
+  Tensor hot_block_table;  // int32 [max_requests, ceil(H / block_size)]: hot block of each state's slot
+                           // block, the engine's placement, read as it is
+};
+
+// Engine-owned caches of one layer (SPEC section 7), given to
+// register_layer through LayerConfig::hisparse_storage. The library never
+// frees, clears or resizes them, and writes only the hot rows it gathers.
+struct HiSparseLayerStorage {
+  // uint8 [>= host_pool_rows, row_bytes]: pinned host memory the engine
+  // allocated or registered (mapped into the device's address space).
+  Tensor host_pool;
+  // uint8 [max_requests * ceil(H / block_size), block_size, row_bytes] on the
+  // device, rows packed within a block and a block stride of
+  // attention_block_stride rows: a view into the engine's KV slab, where
+  // other layers' pages may sit between this layer's blocks.
+  Tensor hot_cache;
+};
+
 // What a HiSparse index group needs to size its caches. A LayerConfig that
 // carries one makes the builder create HiSparse groups.
 struct HiSparseConfig {
@@ -20,6 +44,7 @@ struct HiSparseConfig {
   std::int64_t row_bytes = 0;                // row size of layers whose LayerConfig does not give one
   std::int32_t block_size = 64;              // rows per block of the host pool and of the hot cache
   std::int64_t attention_block_stride = 0;   // rows between hot blocks as attention reads them; 0 = block_size
+  HiSparseStateStorage state;                // engine-owned slot state; undefined = allocated by the group
 };
 
 // The configuration with defaults filled in, after every check. Throws

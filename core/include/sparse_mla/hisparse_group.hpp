@@ -66,10 +66,12 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   // host-backed gather-upconvert of SPEC section 3 for plan rows
   // [request_start, request_start + batch_size), each staged row read from
   // `source_cache` (the resident device cache, uint8 [blocks, block_size,
-  // 656], where the plan's gpu_row_ids point; undefined when the plan has no
-  // resident rows) or else straight from the layer's host pool. Runs on the
-  // group's prefill stream after everything queued on `compute`; returns the
-  // layer's prefill-ready event (wait on it before prefill attention).
+  // 656], where the plan's gpu_row_ids point; undefined only when the plan
+  // has no resident rows, which for a plan built on the device means one
+  // built without a resident table) or else straight from the layer's host
+  // pool. Runs on the group's prefill stream after everything queued on
+  // `compute`; returns the layer's prefill-ready event (wait on it before
+  // prefill attention).
   // `block_table` is not read: the plan's compact table is used.
   Event* gather_fp8_prefill(int layer_index, Stream& compute, const Tensor& source_cache, const Tensor& dst,
                             const Tensor& block_table, const Tensor& workspace_starts, std::int64_t batch_size,
@@ -88,17 +90,24 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   // resident ones copied from `resident_cache` (uint8 [blocks, block_size,
   // row_bytes], optional) and the rest read from the layer's host pool, on
   // `compute`. The returned tensor owns the staged cache; keep it until the
-  // compute stream has read it.
+  // compute stream has read it. Allocates it: a convenience, not the step path.
   [[nodiscard]] OwnedTensor stage_prefill_rows(int layer_index, Stream& compute, const HiSparsePrefillStagingPlan& plan,
                                                const Tensor& resident_cache);
+  // The same into the caller's `staged` (uint8 [>= plan.num_blocks,
+  // block_size, row_bytes], or [>= plan.num_blocks * block_size, row_bytes];
+  // contiguous): allocates nothing, so it fits the step path.
+  void stage_prefill_rows(int layer_index, Stream& compute, const HiSparsePrefillStagingPlan& plan,
+                          const Tensor& resident_cache, const Tensor& staged);
 
   const HiSparseConfig& config() const { return config_; }
   HiSparseCacheHandle& cache(int layer_index) const;
   Stream& prefill_stream() const { return *prefill_stream_; }
   // Device state, for tests and the CLI's checks.
-  const Tensor& slot_rows() const { return slot_rows_; }
-  const Tensor& lru() const { return lru_; }
-  const Tensor& hot_block_table() const { return hot_block_table_; }  // by state row
+  // Device state (the engine's when HiSparseConfig::state gave it), for
+  // tests and the CLI's checks.
+  const Tensor& slot_rows() const;
+  const Tensor& lru() const;
+  const Tensor& hot_block_table() const;  // by state row
   std::int32_t hot_blocks_per_state() const { return hot_blocks_per_state_; }
   // The rest of the resolve's output for rows [0, T) of the last decode step
   // (the attention indices and valid counts are physical_workspace() and
@@ -115,6 +124,13 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   std::uint64_t gathers() const { return gathers_; }
   // Reads the device counters: synchronises the side stream (not for the step path).
   HiSparseCounters counters();
+  // The step path's form: queues on `stream`, after the group's work so far,
+  // a copy of the device counters {hits, misses} into `out` (int64 [2],
+  // device or pinned host memory), which the engine reads when `stream` has
+  // reached it. Bytes moved are misses * bytes_per_miss().
+  void snapshot_counters(Stream& stream, const Tensor& out);
+  // Bytes one miss moves: the row sizes of every layer summed.
+  std::uint64_t bytes_per_miss() const;
   HiSparseFootprint footprint() const;
 
  protected:

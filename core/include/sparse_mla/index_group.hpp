@@ -19,6 +19,7 @@
 // on them; synchronise the compute stream before destroying a group.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -42,6 +43,9 @@ struct LayerConfig {
   // Set: the builder creates HiSparse groups (sparse_mla/hisparse_group.hpp)
   // with this configuration.
   std::optional<HiSparseConfig> hisparse;
+  // HiSparse only: the engine's own host pool and hot cache for this layer;
+  // unset, the group allocates both.
+  std::optional<HiSparseLayerStorage> hisparse_storage;
 };
 
 // Conversions a group has queued. Counted when the host queues them (a CUDA
@@ -53,6 +57,10 @@ struct ConversionCounts {
 
 class SparseMLAIndexGroup {
  public:
+  // Team scratch reserved at construction: more than any conversion or
+  // staging-plan kernel asks for (HiSparse groups reserve their resolve's too).
+  static constexpr std::size_t step_team_scratch_bytes = 16 * 1024;
+
   // Allocates the workspace physical[max_decode_rows + 1, K] and
   // valid_counts[max_decode_rows + 1] (one spare row), creates the side stream
   // and the events logical_topk_ready and physical_topk_ready.
@@ -81,14 +89,19 @@ class SparseMLAIndexGroup {
   // Decode-sized (T <= max_decode_rows + 1): the leader converts once on the
   // side stream into the workspace; every layer makes `compute` wait for its
   // ready event and gets views of the workspace's first T rows.
-  // Prefill-sized: converts on `compute` into fresh buffers, every call.
+  // Prefill-sized: converts on `compute` into `out` (int32 [T, K]) and
+  // `valid_counts_out` (int32 [T]) when the caller passes them, which is the
+  // step path's form (nothing allocated), else into fresh buffers that the
+  // result owns: keep it until the compute stream has read them.
+  // Decode-sized calls return the workspace's rows and leave `out` and
+  // `valid_counts_out` untouched.
   // block_stride_rows 0 means batch.block_size. valid_counts is defined only
-  // when return_valid_counts is set. A prefill-sized result owns its buffers:
-  // keep it until the compute stream has read them.
+  // when return_valid_counts is set.
   [[nodiscard]] TopkConversion convert_logical_to_physical_topk(int layer_index, Stream& compute,
                                                                 const Tensor& logical_topk, const BatchMetadata& batch,
                                                                 std::int64_t block_stride_rows,
-                                                                bool return_valid_counts);
+                                                                bool return_valid_counts, const Tensor& out = Tensor(),
+                                                                const Tensor& valid_counts_out = Tensor());
 
   // Step 4, FP8 prefill: the gather-upconvert of SPEC section 3 (the
   // arguments of gather_upconvert_fp8 in fp8_upconvert.hpp). Plain groups run
@@ -145,6 +158,8 @@ class SparseMLAIndexGroup {
     const BatchMetadata& batch;
     std::int64_t block_stride_rows;
     bool return_valid_counts;
+    const Tensor& out;               // prefill-sized outputs, or undefined
+    const Tensor& valid_counts_out;
 
     std::int64_t num_tokens() const { return logical_topk.dim(0); }
     bool leader() const { return layer_index == 0; }

@@ -29,6 +29,10 @@ class Tensor {
   // A contiguous (row-major) view of `data`.
   Tensor(void* data, DType dtype, const std::vector<std::int64_t>& shape, MemoryKind kind,
          const Device* device);
+  // A strided view of `data` (strides in elements, each >= 0): the engine's
+  // memory as it lies, e.g. one layer's blocks inside a KV slab.
+  Tensor(void* data, DType dtype, const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides,
+         MemoryKind kind, const Device* device);
   // A contiguous view over the start of `buffer`; throws when it does not fit.
   static Tensor of(const Buffer& buffer, DType dtype, const std::vector<std::int64_t>& shape);
 

@@ -1,0 +1,30 @@
+// Reserving team scratch ahead of the step path: Kokkos grows an execution
+// space instance's scratch the first time a launch asks for more than it
+// holds (an allocation, and on GPUs for level-1 scratch a synchronisation).
+// A group reserves, at construction, the most its step's kernels ask for.
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+
+namespace sparse_mla::kernels {
+
+struct ReserveTeamScratch {
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void operator()(const Member&) const {}
+};
+
+// One team of one thread asking for `bytes` per team, at the level a step
+// kernel asking for as much would use.
+template <class Space>
+void reserve_team_scratch(const Space& space, std::size_t bytes) {
+  if (bytes == 0) return;
+  using policy_type = Kokkos::TeamPolicy<Space>;
+  const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
+  policy_type policy(space, 1, 1);
+  policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
+  Kokkos::parallel_for("sparse_mla::reserve_team_scratch", policy, ReserveTeamScratch{});
+}
+
+}  // namespace sparse_mla::kernels
