@@ -15,3 +15,12 @@ function(sparse_mla_sanitize target)
     target_link_options(${target} PUBLIC -fsanitize=${SPARSE_MLA_SANITIZE})
   endif()
 endfunction()
+
+# Sources of `target` include no Kokkos header: where hipcc is the C++
+# compiler it would compile them as HIP for its default GPU (gfx803), which
+# costs time and checks nothing; they are plain C++.
+function(sparse_mla_plain_cxx target)
+  if(CMAKE_CXX_COMPILER MATCHES "hipcc$")
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-xc++>)
+  endif()
+endfunction()

@@ -5,8 +5,10 @@
 // inputs and outputs, and on GPUs the graph of a whole decode step, captured
 // on its own stream. It drives a plain group and a HiSparse group (two layers
 // each) through decode and prefill steps. Every step is checked against the
-// scalar references, and every step's calls are counted: no allocation, no
-// free and no host synchronisation, by the backend or by Kokkos.
+// scalar references, and every step's calls are counted (the HiSparse prefill
+// staging plan built on the device and the rows staged into the engine's
+// tensor included): no allocation, no free and no host synchronisation, by
+// the backend or by Kokkos.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -82,6 +84,11 @@ struct TestEngine {
   OwnedTensor slot_rows, lru, hot_table;
   std::vector<std::int32_t> hot_table_values, block_table_values, resident_values;
 
+  // HiSparse prefill staging: the plan's storage and the staged rows, sized once.
+  std::unique_ptr<HiSparsePrefillPlanStorage> plan_storage;
+  OwnedTensor context_lengths;  // int32 [S]: each prefill request's context
+  OwnedTensor staged;           // uint8 [plan blocks, bs, row_bytes]
+
   std::unique_ptr<SparseMLAIndexGroupBuilder> builder;
   std::vector<LayerRegistration> layers;
   HiSparseBatch decode_hisparse, prefill_hisparse;  // prefill reads the resident pages
@@ -138,6 +145,12 @@ struct TestEngine {
     std::iota(hot_table_values.begin(), hot_table_values.end(), 0);
     std::shuffle(hot_table_values.begin(), hot_table_values.end(), rng);  // the engine's placement
     hot_table = upload(c, hot_table_values, {S, hot_blocks_per_state});
+
+    plan_storage = std::make_unique<HiSparsePrefillPlanStorage>(*device, S, B, S * B, host_rows / bs, bs);
+    std::vector<std::int32_t> lengths(S);
+    for (auto& length : lengths) length = std::int32_t(rng() % (context + 1));
+    context_lengths = upload(c, lengths);
+    staged = OwnedTensor(*device, DType::u8, {plan_storage->num_blocks(), bs, row_bytes});
 
     builder = std::make_unique<SparseMLAIndexGroupBuilder>(device, logical, S);
     layers.push_back(builder->register_layer(true));
@@ -216,6 +229,15 @@ struct TestEngine {
     const TopkConversion got = r.group->convert_logical_to_physical_topk(
         r.index_in_group, c, logical.tensor().rows(0, prefill_tokens), prefill_batch, 0, true, prefill_out, prefill_counts);
     EXPECT_EQ(got.physical.data(), prefill_out.data()) << "layer " << l << ": not written into the engine's output";
+  }
+
+  // HiSparse layer l's prefill rows that are not resident: the plan built on
+  // the device, then the rows staged into the engine's tensor.
+  HiSparsePrefillStagingPlan stage_prefill(int l) {
+    HiSparsePrefillStagingPlan plan =
+        plan_hisparse_prefill_staging(*compute, block_table, context_lengths, Tensor(), 0, *plan_storage);
+    hisparse().stage_prefill_rows(l, *compute, plan, Tensor(), staged);
+    return plan;
   }
 
   Activity activity() const { return Activity{device->activity(), kokkos_activity()}; }
@@ -342,6 +364,29 @@ void expect_prefill_layer(TestEngine& e, const std::vector<std::int32_t>& logica
   EXPECT_EQ(download<std::int32_t>(*e.compute, e.prefill_counts), want.valid_counts);
 }
 
+// Every staged block of every request's context holds that block's rows of
+// the layer's host pool.
+void expect_staged_rows(TestEngine& e, const HiSparsePrefillStagingPlan& plan, int l) {
+  SCOPED_TRACE("staged prefill rows of HiSparse layer " + std::to_string(l));
+  Stream& c = *e.compute;
+  check_hisparse_prefill_plan(c, plan);
+  const auto table = download<std::int32_t>(c, plan.block_table);
+  const auto lengths = download<std::int32_t>(c, e.context_lengths);
+  const auto staged = download<std::uint8_t>(c, e.staged);
+  const std::size_t block_bytes = std::size_t(bs * row_bytes);
+  int wrong = 0, checked = 0;
+  for (std::int32_t p = 0; p < S; ++p) {
+    for (std::int32_t b = 0; b < (lengths[std::size_t(p)] + bs - 1) / bs; ++b) {
+      const std::int32_t compact = table[std::size_t(p * B + b)];
+      const std::int32_t host_block = e.block_table_values[std::size_t(p * B + b)];
+      ++checked;
+      wrong += compact < 1 || std::memcmp(&staged[std::size_t(compact) * block_bytes],
+                                          &e.pool_bytes[std::size_t(l)][std::size_t(host_block) * block_bytes], block_bytes) != 0;
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "of " << checked << " staged blocks";
+}
+
 void stage_inputs(TestEngine& e, const std::vector<std::vector<std::int32_t>>& logical) {
   for (int g = 0; g < 2; ++g) {
     std::memcpy(e.staged_logical.data_as<std::int32_t>() + std::int64_t(g) * max_tokens * K, logical[std::size_t(g)].data(),
@@ -387,6 +432,14 @@ TEST_P(EngineTest, DecodeAndPrefillStepsAllocateNothingAndNeverWait) {
     expect_nothing_between(before, e.activity(), "a prefill layer");
     e.compute->synchronize();
     expect_prefill_layer(e, logical[std::size_t(l / 2)], l);
+  }
+  for (int l = 0; l < hisparse_layers; ++l) {
+    e.compute->fill(e.staged.buffer(), 0, poison_byte, e.staged.bytes());
+    e.compute->synchronize();
+    const Activity before = e.activity();
+    const HiSparsePrefillStagingPlan plan = e.stage_prefill(l);
+    expect_nothing_between(before, e.activity(), "staging a HiSparse layer's prefill rows");
+    expect_staged_rows(e, plan, l);
   }
 }
 

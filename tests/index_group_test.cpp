@@ -310,7 +310,8 @@ TEST_P(IndexGroupTest, DcpGroupsConvertOncePerStepFilteredToTheirRank) {
   for (const auto& [bad, message] : {std::pair{DcpConfig{4, 4, 1, true}, "dcp.rank must be in [0, dcp.size) = [0, 4), got 4"},
                                      std::pair{DcpConfig{0, 0, 1, true}, "dcp.size must be at least 1, got 0"},
                                      std::pair{DcpConfig{2, 0, 0, true}, "dcp.interleave must be positive, got 0"}}) {
-    const std::string got = error_of([&] { m.builder->set_dcp(bad); });
+    const DcpConfig refused = bad;  // C++17 lambdas cannot capture structured bindings
+    const std::string got = error_of([&] { m.builder->set_dcp(refused); });
     EXPECT_NE(got.find(message), std::string::npos) << got;
     EXPECT_NE(got.find("SparseMLAIndexGroup::set_dcp"), std::string::npos) << got;
     EXPECT_EQ(m.builder->groups()[0]->dcp().size, 1);
