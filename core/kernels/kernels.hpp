@@ -155,6 +155,77 @@ struct HiSparseResolveArgs {
   std::int32_t hot_slots;  // H, >= top_k, <= hisparse_max_hot_slots
 };
 
+// Speculative decoding, before the resolve (core/kernels/hisparse_union.hpp):
+// a request is a maximal run of consecutive batch rows with equal state
+// index and request id. The team of a request's first batch row f writes its
+// union row f of union_logical: the distinct non-negative positions of the
+// request's rows' selections in row-major order of first selection (row f's
+// entries, then row f + 1's, ...), then -1 up to union_width, and
+// union_state[f] = the state; every other union row is padding
+// (union_state -1). entry_position[b, j] is the union position p of entry j
+// of batch row b when that entry put p in the union, -(p + 2) for a later
+// selection of the same position, -1 for a negative position; run_first[b]
+// is f, or -1 for a row that is not resolved: padding (a state outside
+// [0, num_state_rows)) or bad input on the device, which is treated as
+// padding like a bad state index: a request of more than
+// max_rows_per_request rows, or a request whose state row an earlier
+// request of the batch has (rows of one state that are not contiguous, or a
+// second request id on it; the first request on the state resolves). Nothing
+// of a refused request is resolved: its union row is padding.
+struct HiSparseUnionArgs {
+  const std::int32_t* logical;  // [num_rows, top_k], row stride logical_stride
+  std::int64_t logical_stride;
+  const std::int32_t* request_ids;            // [num_rows]
+  const std::int32_t* request_state_indices;  // [num_rows]
+  std::int32_t num_state_rows;
+  std::int32_t* union_logical;  // [num_rows, union_width], row stride union_stride
+  std::int64_t union_stride;
+  std::int32_t* union_state;     // [num_rows]: the union rows' state rows, -1 = padding
+  std::int32_t* entry_position;  // [num_rows, top_k], row stride entry_stride
+  std::int64_t entry_stride;
+  std::int32_t* run_first;  // [num_rows]
+  std::int64_t num_rows;
+  std::int32_t top_k;
+  std::int32_t max_rows_per_request;
+  std::int32_t union_width;  // max_rows_per_request * top_k
+};
+
+// Speculative decoding, after the resolve of the union rows: batch row b
+// with f = run_first[b] >= 0 (the request's row r = b - f) gets, for entry j
+// with union position p (entry_position, decoded), hot_indices[b, j] =
+// union_hot[f, p] and its attention index, miss_mask[b, j] = union_miss[f, p]
+// at the entry that put p in the union and 0 at later selections of it (-1
+// and 0 for a negative position), valid_counts[b] = its hot rows that are
+// not -1, swap_counts[b] = clamp(union_swap_counts[f] - r * top_k, 0, top_k)
+// and swap pair c = the union's pair r * top_k + c. A row with run_first -1
+// gets -1 hot rows and attention indices, a zero miss mask and counts 0.
+struct HiSparseUnionScatterArgs {
+  const std::int32_t* run_first;       // [num_rows]
+  const std::int32_t* entry_position;  // [num_rows, top_k], row stride entry_stride
+  std::int64_t entry_stride;
+  // The resolve's outputs for the union rows, [num_rows, union_width], row stride union_stride.
+  const std::int32_t* union_hot;
+  const std::int32_t* union_miss;
+  const std::int32_t* union_swap_host_rows;
+  const std::int32_t* union_swap_device_rows;
+  std::int64_t union_stride;
+  const std::int32_t* union_swap_counts;  // [num_rows]
+  std::int32_t hot_block_size;
+  std::int64_t attention_block_stride;  // attention index = (x / hot_block_size) * this + x % hot_block_size
+  // Batch-row outputs, [num_rows, top_k] with row stride out_stride unless noted.
+  std::int32_t* hot_indices;
+  std::int32_t* attention_indices;  // row stride attention_stride; nullptr = not written
+  std::int64_t attention_stride;
+  std::int32_t* miss_mask;  // or nullptr
+  std::int32_t* swap_host_rows;
+  std::int32_t* swap_device_rows;
+  std::int64_t out_stride;
+  std::int32_t* valid_counts;  // [num_rows] or nullptr
+  std::int32_t* swap_counts;   // [num_rows]
+  std::int64_t num_rows;
+  std::int32_t top_k;
+};
+
 // Copies swap pair j < swap_counts[row] of every row: host row
 // swap_host_rows[row, j] of the pinned host pool into hot row
 // swap_device_rows[row, j] of the hot cache (read over the host link,
@@ -293,6 +364,11 @@ class Kernels {
   virtual void gather_upconvert_fp8(Stream& stream, const Fp8UpconvertArgs& args) const = 0;
   // core/kernels/hisparse_resolve.hpp
   virtual void resolve_hisparse(Stream& stream, const HiSparseResolveArgs& args) const = 0;
+  // core/kernels/hisparse_union.hpp: speculative decoding's passes around
+  // the resolve, and the team scratch a union row asks for.
+  virtual void union_hisparse_requests(Stream& stream, const HiSparseUnionArgs& args) const = 0;
+  virtual void scatter_hisparse_union(Stream& stream, const HiSparseUnionScatterArgs& args) const = 0;
+  virtual std::size_t union_hisparse_scratch_bytes(std::int32_t union_width) const = 0;
   // core/kernels/hisparse_gather.hpp
   virtual void gather_hisparse(Stream& stream, const HiSparseGatherArgs& args) const = 0;
   // core/kernels/hisparse_mirror.hpp

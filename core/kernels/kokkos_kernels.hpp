@@ -14,6 +14,7 @@
 #include "hisparse_plan.hpp"
 #include "hisparse_resolve.hpp"
 #include "hisparse_stage.hpp"
+#include "hisparse_union.hpp"
 #include "team_scratch.hpp"
 #include "topk_convert.hpp"
 #include "kernels.hpp"
@@ -46,6 +47,15 @@ class KokkosKernels final : public Kernels {
   }
   void resolve_hisparse(Stream& stream, const HiSparseResolveArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::resolve_hisparse(s, a); });
+  }
+  void union_hisparse_requests(Stream& stream, const HiSparseUnionArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::union_hisparse_requests(s, a); });
+  }
+  void scatter_hisparse_union(Stream& stream, const HiSparseUnionScatterArgs& a) const override {
+    Exec::launch(stream, [a](const space& s) { kernels::scatter_hisparse_union(s, a); });
+  }
+  std::size_t union_hisparse_scratch_bytes(std::int32_t union_width) const override {
+    return kernels::union_hisparse_scratch_bytes(union_width);
   }
   void gather_hisparse(Stream& stream, const HiSparseGatherArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::gather_hisparse(s, a); });

@@ -23,10 +23,24 @@ HiSparseConfig resolve_hisparse_config(const HiSparseConfig& config, std::int64_
   if (group_top_k < 1 || group_top_k > max_hot_slots) fail(where, "top-k K must be in [1, ", max_hot_slots, "], got ", group_top_k);
   if (r.top_k == 0) r.top_k = static_cast<std::int32_t>(group_top_k);
   if (r.top_k != group_top_k) fail(where, "top_k is ", r.top_k, " but the group's logical top-k buffer has K = ", group_top_k);
-  if (r.hot_slots == 0) r.hot_slots = static_cast<std::int32_t>(std::min<std::int64_t>(2 * group_top_k, max_hot_slots));
+  if (r.max_rows_per_request < 1) {
+    fail(where, "max_rows_per_request must be at least 1 (one batch row per request), got ", r.max_rows_per_request);
+  }
+  const std::int64_t union_rows = max_union_rows(r);
+  if (union_rows > max_hot_slots) {
+    fail(where, "max_rows_per_request ", r.max_rows_per_request, " x top-k K ", r.top_k, " = ", union_rows,
+         " selected rows per request exceeds ", max_hot_slots, " (the union must fit the hot slots, whose ids are int16)");
+  }
+  // Default: one top-k of slack beyond the largest union, as vLLM's device_buffer_size.
+  if (r.hot_slots == 0) r.hot_slots = static_cast<std::int32_t>(std::min<std::int64_t>(union_rows + group_top_k, max_hot_slots));
   if (r.hot_slots < r.top_k) {
     fail(where, "hot_slots H = ", r.hot_slots, " is smaller than top-k K = ", r.top_k,
          ": a request's whole selection must fit in its hot slots (H >= K)");
+  }
+  if (r.hot_slots < union_rows) {
+    fail(where, "hot_slots H = ", r.hot_slots, " is smaller than max_union_rows = max_rows_per_request ",
+         r.max_rows_per_request, " x top-k K ", r.top_k, " = ", union_rows,
+         ": the union of a request's rows must fit in its hot slots (H >= max_rows_per_request * K)");
   }
   if (r.hot_slots > max_hot_slots) fail(where, "hot_slots H = ", r.hot_slots, " exceeds ", max_hot_slots, " (slot ids are int16)");
   if (r.max_requests < 1) fail(where, "max_requests must be positive, got ", r.max_requests);

@@ -1,9 +1,11 @@
 #include "sparse_mla/hisparse_group.hpp"
 
+#include <algorithm>
 #include <numeric>
 #include <utility>
 
 #include "sparse_mla/error.hpp"
+#include "sparse_mla/fill.hpp"
 #include "sparse_mla/fp8.hpp"
 #include "sparse_mla/hisparse_ops.hpp"
 #include "kernels.hpp"
@@ -67,17 +69,41 @@ HiSparseMLAIndexGroup::ResolveCall HiSparseMLAIndexGroup::resolve_call(const Ste
   return r;
 }
 
+// Speculative decoding: the resolve over union rows [0, T), a request's at
+// its first batch row (the rest padding), into the union workspace. Tables
+// and state as the batch rows'; the union rows' attention indices and valid
+// counts are not needed (the scatter derives each batch row's).
+HiSparseMLAIndexGroup::ResolveCall HiSparseMLAIndexGroup::union_resolve_call(const StepCall& call) const {
+  const std::int64_t T = call.num_tokens();
+  ResolveCall r = resolve_call(call);
+  r.in.logical = union_logical_.tensor().rows(0, T);
+  r.in.request_state_indices = union_state_.tensor().rows(0, T);
+  r.out.hot_indices = union_hot_.tensor().rows(0, T);
+  r.out.attention_indices = Tensor();
+  r.out.miss_mask = union_miss_.tensor().rows(0, T);
+  r.out.swap_host_rows = union_swap_host_rows_.tensor().rows(0, T);
+  r.out.swap_device_rows = union_swap_device_rows_.tensor().rows(0, T);
+  r.out.valid_counts = Tensor();
+  r.out.swap_counts = union_swap_counts_.tensor().rows(0, T);
+  return r;
+}
+
 HiSparseMLAIndexGroup::HiSparseMLAIndexGroup(std::shared_ptr<Device> device, const Tensor& logical_topk_buffer,
                                              std::int64_t max_decode_rows, bool has_indexer, const HiSparseConfig& config)
     : SparseMLAIndexGroup(std::move(device), logical_topk_buffer, max_decode_rows, has_indexer),
       config_(resolve_hisparse_config(config, top_k())) {
   hot_blocks_per_state_ = (config_.hot_slots + config_.block_size - 1) / config_.block_size;
   allocate_state();
+  allocate_union_workspace();
   prefill_stream_ = this->device().create_stream();
   if (!this->device().has_kernels()) return;
   const Kernels& kernels = detail::kernels_of(this->device());
-  kernels.reserve_team_scratch(side_stream(), kernels.resolve_hisparse_scratch_bytes(static_cast<std::int32_t>(top_k()),
-                                                                                     config_.hot_slots, config_.block_size));
+  // The resolve runs over K entries a row, or over the union rows of
+  // speculative decoding, whose pass before it has scratch of its own.
+  const auto resolve_width = static_cast<std::int32_t>(max_union_rows(config_));
+  std::size_t bytes = kernels.resolve_hisparse_scratch_bytes(resolve_width, config_.hot_slots, config_.block_size);
+  if (config_.max_rows_per_request > 1) bytes = std::max(bytes, kernels.union_hisparse_scratch_bytes(resolve_width));
+  kernels.reserve_team_scratch(side_stream(), bytes);
 }
 
 HiSparseMLAIndexGroup::~HiSparseMLAIndexGroup() {
@@ -128,6 +154,22 @@ void HiSparseMLAIndexGroup::allocate_state() {
   counters_ = upload(stream, std::vector<std::int64_t>{0, 0}, {2});
 }
 
+// Speculative decoding's workspace, sized once: a union row for every
+// workspace row (a request's union sits at its first batch row), the
+// resolve's outputs for the union rows and each batch row's map into its
+// union. Union rows start at -1; nothing of it exists for one row per request.
+void HiSparseMLAIndexGroup::allocate_union_workspace() {
+  if (config_.max_rows_per_request == 1) return;
+  Device& dev = device();
+  const std::int64_t W = workspace_rows(), K = top_k(), U = max_union_rows(config_);
+  for (OwnedTensor* t : {&union_logical_, &union_hot_, &union_miss_, &union_swap_host_rows_, &union_swap_device_rows_}) {
+    *t = OwnedTensor(dev, DType::i32, {W, U});
+  }
+  for (OwnedTensor* t : {&union_state_, &union_swap_counts_, &run_first_}) *t = OwnedTensor(dev, DType::i32, {W});
+  entry_position_ = OwnedTensor(dev, DType::i32, {W, K});
+  fill_i32(side_stream(), union_logical_, -1);
+}
+
 const Tensor& HiSparseMLAIndexGroup::slot_rows() const { return config_.state.slot_rows.defined() ? config_.state.slot_rows : slot_rows_.tensor(); }
 const Tensor& HiSparseMLAIndexGroup::lru() const { return config_.state.lru.defined() ? config_.state.lru : lru_.tensor(); }
 const Tensor& HiSparseMLAIndexGroup::hot_block_table() const {
@@ -172,12 +214,83 @@ void HiSparseMLAIndexGroup::check_decode_step(const StepCall& call) const {
   if (caches_.empty()) fail(w, "the group has no layers");
   const ResolveCall r = resolve_call(call);
   check_resolve_hisparse(device(), r.in, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, r.out);
+  if (config_.max_rows_per_request > 1) {
+    // The pass before the union resolve reads the batch rows' state rows; the
+    // batch-row checks above cover the rest of what it and the scatter read.
+    if (!call.batch.hisparse->request_state_indices.defined()) {
+      fail(w, "batch.hisparse->request_state_indices is undefined: with max_rows_per_request ",
+           config_.max_rows_per_request, " a request's rows are found by their state rows");
+    }
+    const ResolveCall u = union_resolve_call(call);
+    check_resolve_hisparse(device(), u.in, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, u.out);
+  }
 }
 
 void HiSparseMLAIndexGroup::queue_conversion(Stream& side, const StepCall& call) {
-  const ResolveCall r = resolve_call(call);
-  resolve_hisparse(side, r.in, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, r.out);
+  if (config_.max_rows_per_request > 1) {
+    queue_union_resolve(side, call);
+  } else {
+    const ResolveCall r = resolve_call(call);
+    resolve_hisparse(side, r.in, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, r.out);
+  }
   ++resolves_;
+}
+
+// Speculative decoding: the requests' union rows, one resolve over them, then
+// every batch row's outputs and share of its request's swap list, so that the
+// gathers run over batch rows as without it.
+void HiSparseMLAIndexGroup::queue_union_resolve(Stream& side, const StepCall& call) {
+  const std::int64_t T = call.num_tokens();
+  const BatchMetadata& batch = call.batch;
+  const Kernels& kernels = detail::kernels_of(device());
+  const auto K = static_cast<std::int32_t>(top_k());
+  const auto U = static_cast<std::int32_t>(max_union_rows(config_));
+  HiSparseUnionArgs u{};
+  u.logical = call.logical_topk.data_as<std::int32_t>();
+  u.logical_stride = call.logical_topk.stride(0);
+  u.request_ids = batch.req_id_per_token.data_as<std::int32_t>();
+  u.request_state_indices = batch.hisparse->request_state_indices.data_as<std::int32_t>();
+  u.num_state_rows = static_cast<std::int32_t>(lru().dim(0));
+  u.union_logical = union_logical_.data_as<std::int32_t>();
+  u.union_stride = union_logical_.tensor().stride(0);
+  u.union_state = union_state_.data_as<std::int32_t>();
+  u.entry_position = entry_position_.data_as<std::int32_t>();
+  u.entry_stride = entry_position_.tensor().stride(0);
+  u.run_first = run_first_.data_as<std::int32_t>();
+  u.num_rows = T;
+  u.top_k = K;
+  u.max_rows_per_request = config_.max_rows_per_request;
+  u.union_width = U;
+  kernels.union_hisparse_requests(side, u);
+
+  const ResolveCall union_rows = union_resolve_call(call);
+  resolve_hisparse(side, union_rows.in, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, union_rows.out);
+
+  const ResolveCall rows = resolve_call(call);
+  HiSparseUnionScatterArgs s{};
+  s.run_first = run_first_.data_as<std::int32_t>();
+  s.entry_position = entry_position_.data_as<std::int32_t>();
+  s.entry_stride = entry_position_.tensor().stride(0);
+  s.union_hot = union_hot_.data_as<std::int32_t>();
+  s.union_miss = union_miss_.data_as<std::int32_t>();
+  s.union_swap_host_rows = union_swap_host_rows_.data_as<std::int32_t>();
+  s.union_swap_device_rows = union_swap_device_rows_.data_as<std::int32_t>();
+  s.union_stride = union_hot_.tensor().stride(0);
+  s.union_swap_counts = union_swap_counts_.data_as<std::int32_t>();
+  s.hot_block_size = config_.block_size;
+  s.attention_block_stride = config_.attention_block_stride;
+  s.hot_indices = rows.out.hot_indices.data_as<std::int32_t>();
+  s.attention_indices = rows.out.attention_indices.data_as<std::int32_t>();
+  s.attention_stride = rows.out.attention_indices.stride(0);
+  s.miss_mask = rows.out.miss_mask.data_as<std::int32_t>();
+  s.swap_host_rows = rows.out.swap_host_rows.data_as<std::int32_t>();
+  s.swap_device_rows = rows.out.swap_device_rows.data_as<std::int32_t>();
+  s.out_stride = rows.out.hot_indices.stride(0);
+  s.valid_counts = rows.out.valid_counts.defined() ? rows.out.valid_counts.data_as<std::int32_t>() : nullptr;
+  s.swap_counts = rows.out.swap_counts.data_as<std::int32_t>();
+  s.num_rows = T;
+  s.top_k = K;
+  kernels.scatter_hisparse_union(side, s);
 }
 
 // Every layer's misses, from its host pool into its hot cache, each followed
@@ -247,6 +360,10 @@ HiSparseFootprint HiSparseMLAIndexGroup::footprint() const {
   for (const OwnedTensor* t : {&slot_rows_, &lru_, &hot_block_table_, &hot_indices_, &miss_mask_, &swap_host_rows_,
                                &swap_device_rows_, &swap_counts_, &counters_}) {
     total.device_bytes += t->buffer().bytes();
+  }
+  for (const OwnedTensor* t : {&union_logical_, &union_state_, &union_hot_, &union_miss_, &union_swap_host_rows_,
+                               &union_swap_device_rows_, &union_swap_counts_, &run_first_, &entry_position_}) {
+    total.device_bytes += t->buffer().bytes();  // speculative decoding only
   }
   total.device_bytes += static_cast<std::uint64_t>(workspace_rows() * (top_k() + 1)) * 4;  // physical + valid counts
   return total;

@@ -37,20 +37,33 @@ struct HiSparseLayerStorage {
 // carries one makes the builder create HiSparse groups.
 struct HiSparseConfig {
   std::int32_t top_k = 0;                    // K; 0 = the group's K (a different K is refused)
-  std::int32_t hot_slots = 0;                // H hot row slots per request; 0 = 2K
+  std::int32_t hot_slots = 0;                // H hot row slots per request; 0 = (max_rows_per_request + 1) * K
   std::int64_t host_pool_rows = 0;           // rows of each layer's pinned host pool
   std::int32_t max_requests = 0;             // requests (state rows) held at once
   std::int64_t max_tokens_per_request = 0;   // longest context; 0 = K. The pool must hold max_requests of them
   std::int64_t row_bytes = 0;                // row size of layers whose LayerConfig does not give one
   std::int32_t block_size = 64;              // rows per block of the host pool and of the hot cache
   std::int64_t attention_block_stride = 0;   // rows between hot blocks as attention reads them; 0 = block_size
+  // Speculative decoding (multi-token prediction): the most consecutive batch
+  // rows one request may have in a decode step (1 + speculative tokens). Rows
+  // of one request share its state row and are resolved as one union of their
+  // selections, max_union_rows() = max_rows_per_request * K wide, which must
+  // fit the hot slots (H >= max_union_rows; default H then (R + 1) * K).
+  // 1: every batch row is its own request.
+  std::int32_t max_rows_per_request = 1;
   HiSparseStateStorage state;                // engine-owned slot state; undefined = allocated by the group
 };
 
 // The configuration with defaults filled in, after every check. Throws
 // Error naming the field and the values for a configuration that cannot
-// work (H < K, H > 32768, a pool too small for the requests, ...).
+// work (H < K, H > 32768, H < max_rows_per_request * K, a pool too small for
+// the requests, ...).
 HiSparseConfig resolve_hisparse_config(const HiSparseConfig& config, std::int64_t group_top_k);
+
+// The width of a request's union of selections: max_rows_per_request * K.
+inline std::int64_t max_union_rows(const HiSparseConfig& config) {
+  return static_cast<std::int64_t>(config.max_rows_per_request) * config.top_k;
+}
 
 // A row size a layer's KV cache can have: a positive multiple of 16 bytes
 // (rows move in 16-byte units). Throws otherwise.

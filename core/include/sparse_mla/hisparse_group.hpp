@@ -58,6 +58,13 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   // cache, recording each layer's ready event; every layer's compute stream
   // waits for its own event. block_stride_rows is ignored: attention indices
   // use the configured attention_block_stride.
+  // With config().max_rows_per_request > 1 (speculative decoding) the
+  // consecutive rows of one request (equal state index and request id) are
+  // resolved once, as the union of their selections, and each row's outputs
+  // and share of the swap list come from that union (docs/hisparse.md). A
+  // request of more rows, or a later request on a state row that an earlier
+  // one of the batch has (rows apart), is bad input that lives on the
+  // device: its rows come out as padding.
   // Prefill-sized: converts through batch.hisparse->resident_block_table
   // (every context page must be resident, or staged first); block_stride_rows
   // 0 means batch.block_size.
@@ -148,12 +155,23 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   struct ResolveCall;
   ResolveCall resolve_call(const StepCall& call) const;
   void allocate_state();
+  // Speculative decoding (config().max_rows_per_request > 1, docs/hisparse.md
+  // "Speculative decoding"): the resolve of the step's union rows (one per
+  // request, at its first batch row) and the passes around it.
+  ResolveCall union_resolve_call(const StepCall& call) const;
+  void queue_union_resolve(Stream& side, const StepCall& call);
+  void allocate_union_workspace();
 
   HiSparseConfig config_;
   std::int32_t hot_blocks_per_state_ = 0;
   std::vector<std::unique_ptr<HiSparseCacheHandle>> caches_;
   OwnedTensor slot_rows_, lru_, hot_block_table_;
   OwnedTensor hot_indices_, miss_mask_, swap_host_rows_, swap_device_rows_, swap_counts_, counters_;
+  // Speculative decoding only: union rows [workspace_rows, max_union_rows]
+  // and the resolve's outputs for them, each state of a union row, and each
+  // batch row's first row and entry positions in its union.
+  OwnedTensor union_logical_, union_state_, union_hot_, union_miss_, union_swap_host_rows_, union_swap_device_rows_,
+      union_swap_counts_, run_first_, entry_position_;
   std::uint64_t resolves_ = 0;
   std::uint64_t gathers_ = 0;
   std::unique_ptr<Stream> prefill_stream_;

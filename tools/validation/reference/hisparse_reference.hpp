@@ -171,6 +171,105 @@ inline HiSparseResult resolve_model(const HiSparseTables& t, const HiSparseStep&
   return r;
 }
 
+// Speculative decoding (HiSparseConfig::max_rows_per_request = R > 1), as
+// docs/hisparse.md "Speculative decoding" states it, one request at a time.
+// A request is a maximal run of consecutive batch rows with a valid state
+// index and equal state index and request id. A request of more than R rows,
+// or one whose state row an earlier request of the step has, is refused: its
+// rows stay padding (and a refused first request leaves its state
+// untouched). Every other request resolves
+// once: its union row (its rows' distinct non-negative positions in row-major
+// order of first selection, then -1, R * K wide) goes through resolve_model
+// with the request id and hot blocks of its first row, and each of its rows
+// reads its entries' outputs from there (the miss mask only at the entry that
+// selected a position first), counts its hot rows that are not -1 and takes
+// the union's swap pairs r * K .. r * K + K - 1 (r: the row within the
+// request). Hits and misses are the unions'.
+inline HiSparseResult resolve_mtp_model(const HiSparseTables& t, const HiSparseStep& step, HiSparseState& state,
+                                        std::int32_t max_rows_per_request) {
+  const std::int32_t K = t.top_k, R = max_rows_per_request, T = step.rows();
+  const std::size_t n = std::size_t(T) * K;
+  HiSparseResult r;
+  r.hot_indices.assign(n, -1);
+  r.attention_indices.assign(n, -1);
+  r.resolved_rows.assign(n, -1);
+  r.miss_mask.assign(n, 0);
+  r.swap_host_rows.assign(n, -2);
+  r.swap_device_rows.assign(n, -2);
+  r.valid_counts.assign(std::size_t(T), 0);
+  r.swap_counts.assign(std::size_t(T), 0);
+
+  struct Request {
+    std::int32_t first, end;  // batch rows [first, end)
+  };
+  std::vector<Request> requests;
+  for (std::int32_t b = 0; b < T;) {
+    const std::int32_t s = step.state_indices[std::size_t(b)];
+    if (s < 0 || s >= state.states()) {
+      ++b;
+      continue;
+    }
+    std::int32_t e = b + 1;
+    while (e < T && step.state_indices[std::size_t(e)] == s && step.request_ids[std::size_t(e)] == step.request_ids[std::size_t(b)]) ++e;
+    requests.push_back(Request{b, e});
+    b = e;
+  }
+
+  HiSparseTables union_tables = t;
+  union_tables.top_k = R * K;
+  for (const Request& q : requests) {
+    const std::int32_t s = step.state_indices[std::size_t(q.first)];
+    bool refused = q.end - q.first > R;
+    for (const Request& earlier : requests) {
+      if (earlier.first < q.first && step.state_indices[std::size_t(earlier.first)] == s) refused = true;
+    }
+    if (refused) continue;
+
+    std::vector<std::int32_t> positions;  // the union, in row-major order of first selection
+    for (std::int32_t b = q.first; b < q.end; ++b) {
+      for (std::int32_t j = 0; j < K; ++j) {
+        const std::int32_t tok = step.logical[std::size_t(b) * K + j];
+        if (tok >= 0 && std::find(positions.begin(), positions.end(), tok) == positions.end()) positions.push_back(tok);
+      }
+    }
+    HiSparseStep u;
+    u.logical = positions;
+    u.logical.resize(std::size_t(R) * K, -1);
+    u.request_ids = {step.request_ids[std::size_t(q.first)]};
+    u.state_indices = {s};
+    u.hot_block_table.assign(step.hot_block_table.begin() + std::ptrdiff_t(q.first) * t.hot_blocks_per_row,
+                             step.hot_block_table.begin() + std::ptrdiff_t(q.first + 1) * t.hot_blocks_per_row);
+    const HiSparseResult ur = resolve_model(union_tables, u, state);
+    r.hits += ur.hits;
+    r.misses += ur.misses;
+
+    std::vector<std::int32_t> seen;  // positions already selected by an earlier entry of the request
+    for (std::int32_t b = q.first; b < q.end; ++b) {
+      const std::size_t base = std::size_t(b) * K;
+      for (std::int32_t j = 0; j < K; ++j) {
+        const std::int32_t tok = step.logical[base + j];
+        if (tok < 0) continue;
+        const std::size_t p = std::size_t(std::find(positions.begin(), positions.end(), tok) - positions.begin());
+        const bool first = std::find(seen.begin(), seen.end(), tok) == seen.end();
+        if (first) seen.push_back(tok);
+        r.hot_indices[base + j] = ur.hot_indices[p];
+        r.attention_indices[base + j] = ur.attention_indices[p];
+        r.resolved_rows[base + j] = ur.resolved_rows[p];
+        r.miss_mask[base + j] = first ? ur.miss_mask[p] : 0;
+        if (ur.hot_indices[p] >= 0) ++r.valid_counts[std::size_t(b)];
+      }
+      const std::int32_t row = b - q.first;
+      const std::int32_t count = std::max(0, std::min(K, ur.swap_counts[0] - row * K));
+      r.swap_counts[std::size_t(b)] = count;
+      for (std::int32_t c = 0; c < count; ++c) {
+        r.swap_host_rows[base + c] = ur.swap_host_rows[std::size_t(row) * K + c];
+        r.swap_device_rows[base + c] = ur.swap_device_rows[std::size_t(row) * K + c];
+      }
+    }
+  }
+  return r;
+}
+
 // The row gather: copies every swap pair from the host pool into the hot
 // cache (hot row x at byte (x / block_size) * block_stride + (x % block_size) * row_bytes).
 inline void gather_model(const HiSparseResult& r, std::int32_t top_k, const std::vector<std::uint8_t>& host_pool,
