@@ -1,4 +1,5 @@
 #include "host_device.hpp"
+#include "sparse_mla/kokkos_runtime.hpp"
 
 #include <atomic>
 #include <cstdlib>
@@ -175,7 +176,9 @@ double HostEvent::elapsed_ms(Event& start) {
   return std::chrono::duration<double, std::milli>(to->time() - from->time()).count();
 }
 
-HostDevice::HostDevice() : Device(&host_kernels()) {}
+// Without Kokkos (a GPU-enabled Kokkos on a machine without its GPU) the
+// host device still has streams, events and memory; its kernels say why not.
+HostDevice::HostDevice() : Device(kokkos_unavailable_reason().empty() ? &host_kernels() : nullptr) {}
 
 DeviceInfo HostDevice::info() const {
   DeviceInfo info;

@@ -1,6 +1,7 @@
 #include "sparse_mla/device.hpp"
 
 #include "sparse_mla/error.hpp"
+#include "sparse_mla/kokkos_runtime.hpp"
 #include "kernels.hpp"
 
 namespace sparse_mla {
@@ -133,6 +134,8 @@ std::unique_ptr<Event> Device::make_wrapped_event(void*) {
 
 const Kernels& Device::kernels() const {
   if (kernels_ == nullptr) {
+    const std::string kokkos = kokkos_unavailable_reason();
+    if (!kokkos.empty()) fail("Device::kernels", "the ", backend_name(backend()), " backend has no kernels: ", kokkos);
     fail("Device::kernels", "this build has no ", backend_name(backend()),
          " kernels (its Kokkos has no execution space for this backend); only the native layer was compiled");
   }

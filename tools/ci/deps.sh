@@ -5,7 +5,7 @@
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config
   libtrilinos-kokkos-dev libcli11-dev libgtest-dev nlohmann-json3-dev libbenchmark-dev
-  libamdhip64-dev clang libclang-rt-14-dev
+  libamdhip64-dev hipcc rocm-device-libs clang libclang-rt-14-dev
   python3-dev pybind11-dev python3-numpy python3-pytest)
 missing=()
 for p in "${packages[@]}"; do
