@@ -13,6 +13,10 @@ step() { echo; echo "==== $* ===="; }
 step "host: build and test (-Wall -Wextra -Werror)"
 cmake --workflow --preset host
 
+step "python: the sparse_mla module's pytest suite on the host backend (also run above, as the CTest test 'python')"
+ctest --test-dir build/host -R '^python$' -V 2>&1 | grep -E "^[0-9]+: .* (passed|failed)" ||
+  echo "python: the module was not built (no Python headers or pybind11 found)"
+
 step "host-asan: every test under AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake --workflow --preset host-asan
 
