@@ -50,6 +50,7 @@
 #include "sparse_mla/hisparse_group.hpp"
 #include "sparse_mla/index_group_builder.hpp"
 #include "sparse_mla/hisparse_ops.hpp"
+#include "host_gate.hpp"
 #include "test_util.hpp"
 
 namespace sparse_mla::testing {
@@ -135,39 +136,6 @@ bool same(const std::string& where, const std::string& what, const std::vector<V
   ADD_FAILURE() << where << ": " << what << " differs in " << bad << " of " << got.size() << " entries" << out.str();
   return false;
 }
-
-// Holds a host stream at one task until the gate opens (or gives up after
-// 10 s), so that nothing queued behind it can run. A step queued while it is
-// held must return without waiting for it: a host synchronisation inside the
-// step would block until the gate gave up. GPU streams: no gate.
-class HostGate {
- public:
-  explicit HostGate(Stream& stream) : opened_(promise_.get_future().share()) {
-    auto* host_stream = dynamic_cast<host::HostStream*>(&stream);
-    if (host_stream == nullptr) return;
-    auto passed = passed_;
-    auto opened = opened_;
-    host_stream->enqueue([passed, opened] {
-      (void)opened.wait_for(std::chrono::seconds(10));
-      passed->store(true);
-    });
-  }
-  ~HostGate() { open(); }
-  HostGate(const HostGate&) = delete;
-  HostGate& operator=(const HostGate&) = delete;
-
-  bool still_closed() const { return !passed_->load(); }
-  void open() {
-    if (!is_open_) promise_.set_value();
-    is_open_ = true;
-  }
-
- private:
-  std::promise<void> promise_;
-  std::shared_future<void> opened_;
-  std::shared_ptr<std::atomic<bool>> passed_ = std::make_shared<std::atomic<bool>>(false);
-  bool is_open_ = false;
-};
 
 // The model under test: two HiSparse groups of three layers built by the
 // builder, the step's device inputs (rewritten in place by write_inputs, so

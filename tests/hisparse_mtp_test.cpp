@@ -24,6 +24,7 @@
 #include "sparse_mla/hisparse_group.hpp"
 #include "sparse_mla/index_group_builder.hpp"
 #include "sparse_mla/kokkos_runtime.hpp"
+#include "hisparse_engine.hpp"
 #include "test_util.hpp"
 
 namespace sparse_mla::testing {
@@ -60,55 +61,11 @@ LayerConfig mtp_layer(const char* dtype, std::int64_t head_size, std::int32_t ro
 
 // Layers of HiSparse groups over one source table, their host pools filled
 // with random rows through the host mirror.
-struct Engine {
-  std::shared_ptr<Device> device;
-  std::unique_ptr<Stream> compute;
-  Buffer logical_storage;
-  Tensor logical_buffer;
-  std::unique_ptr<SparseMLAIndexGroupBuilder> builder;
-  std::vector<LayerRegistration> layers;
-  reference::HiSparseTables tables;
-  DeviceTensor source;
-  std::vector<std::vector<std::uint8_t>> pools;  // what each layer's host pool holds
-
+struct Engine : HiSparseEngine {
   Engine(std::shared_ptr<Device> d, const std::vector<bool>& producing, const std::vector<LayerConfig>& configs,
          std::mt19937_64& rng)
-      : device(std::move(d)), compute(device->create_stream()) {
-    logical_storage = device->allocate(std::size_t(64 * K) * 4, MemoryKind::device);
-    logical_buffer = Tensor::of(logical_storage, DType::i32, {64, K});
-    builder = std::make_unique<SparseMLAIndexGroupBuilder>(device, logical_buffer, max_decode_rows);
-    for (std::size_t i = 0; i < producing.size(); ++i) layers.push_back(builder->register_layer(producing[i], configs[i]));
-    const HiSparseConfig c = mtp_config();
-    tables.top_k = K;
-    tables.hot_slots = H;
-    tables.source_rows = requests;
-    tables.source_blocks = blocks;
-    tables.source_block_size = block_size;
-    tables.host_rows = c.host_pool_rows;
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(c.host_pool_rows / block_size));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    tables.source_table.assign(ids.begin(), ids.begin() + requests * blocks);
-    tables.hot_block_size = block_size;
-    tables.hot_blocks_per_row = H / block_size;
-    tables.attention_block_stride = c.attention_block_stride;
-    source = device_tensor(*device, *compute, tables.source_table, {requests, blocks});
-    const std::int64_t rows = tables.host_rows;
-    std::vector<std::int32_t> all(static_cast<std::size_t>(rows));
-    std::iota(all.begin(), all.end(), 0);
-    const auto all_ids = device_tensor(*device, *compute, all, {rows});
-    for (std::size_t l = 0; l < layers.size(); ++l) {
-      const std::int64_t rb = group(l).cache(layers[l].index_in_group).row_bytes();
-      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(rows * rb));
-      for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
-      const auto src = device_tensor(*device, *compute, bytes, {rows, rb});
-      group(l).write_rows(layers[l].index_in_group, *compute, src.tensor, all_ids.tensor);
-      compute->synchronize();
-      pools.push_back(std::move(bytes));
-    }
-  }
-
-  HiSparseMLAIndexGroup& group(std::size_t layer) { return dynamic_cast<HiSparseMLAIndexGroup&>(*layers[layer].group); }
+      : HiSparseEngine(std::move(d), HiSparseShape{K, H, requests, blocks, block_size, max_decode_rows}, mtp_config(),
+                       producing, configs, rng) {}
 };
 
 // One step's batch: rows by request, padding rows between them.

@@ -27,6 +27,8 @@
 #include "sparse_mla/hisparse_group.hpp"
 #include "sparse_mla/hisparse_prefill.hpp"
 #include "sparse_mla/index_group_builder.hpp"
+#include "host_gate.hpp"
+#include "hisparse_engine.hpp"
 #include "test_util.hpp"
 
 namespace sparse_mla::testing {
@@ -443,83 +445,27 @@ LayerConfig hisparse_layer(const char* dtype, std::int64_t head_size) {
 }
 
 // One HiSparse group of two layers with random host pools and a source
-// table of distinct blocks (the setup of tests/hisparse_group_test.cpp).
-struct GroupRig {
-  std::shared_ptr<Device> device;
-  std::unique_ptr<Stream> compute;
-  Buffer logical_storage;
-  std::unique_ptr<SparseMLAIndexGroupBuilder> builder;
-  std::vector<LayerRegistration> layers;
-  std::vector<std::int32_t> source_table;  // [requests, blocks]
-  std::int64_t host_rows = 0;
-  std::vector<std::vector<std::uint8_t>> pools;  // what each layer's host pool holds
-
+// table of distinct blocks (the model of tests/hisparse_group_test.cpp).
+struct GroupRig : HiSparseEngine {
   GroupRig(std::shared_ptr<Device> d, const std::vector<LayerConfig>& configs, std::mt19937_64& rng)
-      : device(std::move(d)), compute(device->create_stream()) {
-    logical_storage = device->allocate(std::size_t(64 * K) * 4, MemoryKind::device);
-    builder = std::make_unique<SparseMLAIndexGroupBuilder>(device, Tensor::of(logical_storage, DType::i32, {64, K}), 8);
-    for (std::size_t i = 0; i < configs.size(); ++i) layers.push_back(builder->register_layer(i == 0, configs[i]));
-    host_rows = small_config().host_pool_rows;
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(host_rows / block_size));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    source_table.assign(ids.begin(), ids.begin() + requests * blocks);
-    std::vector<std::int32_t> all(static_cast<std::size_t>(host_rows));
-    std::iota(all.begin(), all.end(), 0);
-    const auto all_t = device_tensor(*device, *compute, all, {host_rows});
-    for (std::size_t l = 0; l < layers.size(); ++l) {
-      const std::int64_t rb = row_bytes(l);
-      std::vector<std::uint8_t> bytes(static_cast<std::size_t>(host_rows * rb));
-      for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
-      const auto src = device_tensor(*device, *compute, bytes, {host_rows, rb});
-      group(l).write_rows(layers[l].index_in_group, *compute, src.tensor, all_t.tensor);
-      compute->synchronize();
-      pools.push_back(std::move(bytes));
-    }
-  }
+      : HiSparseEngine(std::move(d), HiSparseShape{K, H, requests, blocks, block_size, 8}, small_config(),
+                       first_produces(configs.size()), configs, rng) {}
 
-  HiSparseMLAIndexGroup& group(std::size_t layer) { return dynamic_cast<HiSparseMLAIndexGroup&>(*layers[layer].group); }
-  std::int64_t row_bytes(std::size_t layer) { return group(layer).cache(layers[layer].index_in_group).row_bytes(); }
-  std::int64_t pool_blocks() const { return host_rows / block_size; }
+  static std::vector<bool> first_produces(std::size_t layers) {
+    std::vector<bool> producing(layers, false);
+    if (layers > 0) producing[0] = true;
+    return producing;
+  }
+  std::int64_t pool_blocks() const { return tables.host_rows / block_size; }
 
   // The source rows of `rows` as one prefill table [rows.size(), blocks].
   std::vector<std::int32_t> table_of(const std::vector<std::int32_t>& rows) const {
     std::vector<std::int32_t> table;
-    for (std::int32_t r : rows) table.insert(table.end(), source_table.begin() + r * blocks, source_table.begin() + (r + 1) * blocks);
+    for (std::int32_t r : rows) {
+      table.insert(table.end(), tables.source_table.begin() + r * blocks, tables.source_table.begin() + (r + 1) * blocks);
+    }
     return table;
   }
-};
-
-// Holds a host stream at one task until the gate opens (or 10 s pass), so
-// that nothing queued behind it can run: a call queued while it is held
-// returns at once unless it synchronises the host. GPU streams: no gate.
-class HostGate {
- public:
-  explicit HostGate(Stream& stream) : opened_(promise_.get_future().share()) {
-    auto* host_stream = dynamic_cast<host::HostStream*>(&stream);
-    if (host_stream == nullptr) return;
-    auto passed = passed_;
-    auto opened = opened_;
-    host_stream->enqueue([passed, opened] {
-      (void)opened.wait_for(std::chrono::seconds(10));
-      passed->store(true);
-    });
-  }
-  ~HostGate() { open(); }
-  HostGate(const HostGate&) = delete;
-  HostGate& operator=(const HostGate&) = delete;
-
-  bool still_closed() const { return !passed_->load(); }
-  void open() {
-    if (!is_open_) promise_.set_value();
-    is_open_ = true;
-  }
-
- private:
-  std::promise<void> promise_;
-  std::shared_future<void> opened_;
-  std::shared_ptr<std::atomic<bool>> passed_ = std::make_shared<std::atomic<bool>>(false);
-  bool is_open_ = false;
 };
 
 TEST_P(HiSparsePrefillPlanTest, StagingIntoACallerTensorThroughADevicePlanGivesTheHostPlansRows) {
