@@ -63,8 +63,12 @@ build_kokkos() {
 # ones that need Kokkos or the device skipped with a reason.
 check_skips() {
   local build=$1 log=$1/ctest.log
-  if ! ctest --test-dir "$build" -j "$jobs" --timeout 300 --label-exclude "install|python" > "$log" 2>&1; then
-    grep -E "\(Failed\)|\(Timeout\)|\(SEGFAULT\)|Exception" "$log" | head -n 20
+  if ! ctest --test-dir "$build" -j "$jobs" --timeout 300 --label-exclude "install|python" --output-on-failure \
+    > "$log" 2>&1; then
+    # Every way a test can end badly (Failed, Timeout, SEGFAULT, Subprocess
+    # aborted, Not Run, ...), then the output of the failed ones.
+    sed -n '/tests passed/,$p' "$log" | head -n 40
+    grep -B2 -A40 -E "\*\*\*(Failed|Timeout|Exception|Not Run)|Subprocess aborted|Child aborted" "$log" | head -n 150
     echo "tests of $build failed (full log: $log)"
     return 1
   fi
@@ -97,6 +101,7 @@ stage_hip() {
       -DKokkos_ENABLE_ROCTHRUST=OFF
   fi
   local build=build/ci-hip-kernels start=$SECONDS
+  mkdir -p build
   # gfx942 (the preset's default, MI300X) needs ROCm 5.7 or later; Debian's clang 15 knows gfx90a.
   cmake --preset hip -B "$build" -DSPARSE_MLA_HIP_ARCH=gfx90a -DKokkos_ROOT="$kokkos" -DSPARSE_MLA_BUILD_PYTHON=OFF \
     > "$build.configure.log" 2>&1 || { tail -n 30 "$build.configure.log"; return 1; }
@@ -126,6 +131,7 @@ stage_cuda() {
       -DKokkos_ARCH_HOPPER90=ON
   fi
   local build=build/ci-cuda-kernels start=$SECONDS
+  mkdir -p build
   cmake --preset cuda -B "$build" -DKokkos_ROOT="$kokkos" -DSPARSE_MLA_BUILD_PYTHON=OFF \
     > "$build.configure.log" 2>&1 || { tail -n 30 "$build.configure.log"; return 1; }
   cmake --build "$build" -j "$jobs" > "$build.build.log" 2>&1 || { grep -E "error|warning" "$build.build.log" | head -n 30; return 1; }
