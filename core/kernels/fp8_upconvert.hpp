@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "primitives.hpp"
 #include "space_traits.hpp"
 #include "kernels.hpp"
 
@@ -33,66 +34,14 @@ constexpr int nope_units = 32;
 constexpr int half_values = 256;    // a unit's second 8 values are this far from its first
 constexpr int units_per_scale = 16;  // 128 values per scale, 8 of them in each half of a unit
 
-union FloatBits {
-  float f;
-  std::uint32_t u;
-};
-
-KOKKOS_INLINE_FUNCTION float from_bits(std::uint32_t u) {
-  FloatBits b;
-  b.u = u;
-  return b.f;
-}
-
-KOKKOS_INLINE_FUNCTION std::uint32_t to_bits(float f) {
-  FloatBits b;
-  b.f = f;
-  return b.u;
-}
-
-// The exact float value of one e4m3 byte. The byte's magnitude bits moved
-// to a float's exponent and mantissa fields (mag << 20) read as a float that
-// is the e4m3 value times 2^-(127 - bias): a normal one with its exponent
-// re-biased, a subnormal one (exponent field 0) as a float subnormal. One
-// multiply by 2^(127 - bias) makes both exact, provided subnormal floats are
-// not flushed to zero (they are not: no fast-math flags; the golden files
-// and the differential tests hold subnormal bytes).
-KOKKOS_INLINE_FUNCTION float decode(std::uint32_t byte, bool fnuz) {
-  const std::uint32_t magnitude = byte & 0x7Fu;
-  const float value = from_bits(magnitude << 20) * (fnuz ? 0x1p119f : 0x1p120f);
-  const bool nan = fnuz ? byte == 0x80u : magnitude == 0x7Fu;
-  return nan ? from_bits(0x7FC00000u) : from_bits(to_bits(value) | ((byte & 0x80u) << 24));
-}
-
-// float32 to bfloat16, round to nearest even. Every NaN becomes 0x7FFF, the
-// canonical NaN that CUDA's cvt.rn.bf16.f32 gives the reference engine.
-KOKKOS_INLINE_FUNCTION std::uint32_t bf16_rne(float value) {
-  const std::uint32_t u = to_bits(value);
-  const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return (u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FFFu : rounded;
-}
-
-// Two floats to two bf16 (lo in bits 0-15), each as bf16_rne rounds it. On
-// sm_80 and later one cvt.rn.bf16x2.f32 rounds both: the instruction the
-// reference engine's kernel rounds with (NaN to 0x7FFF, subnormals kept).
-// Elsewhere the integer rounding above.
-KOKKOS_INLINE_FUNCTION std::uint32_t bf16x2_rne(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  std::uint32_t packed;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
-  return packed;
-#else
-  return bf16_rne(lo) | bf16_rne(hi) << 16;
-#endif
-}
-
 // The decode of a little-endian word of four e4m3 bytes, two bytes per
 // 32-bit operation: the path of every unit without a NaN byte. spread_low
 // and spread_high put bytes 0-1 or 2-3 at the top of the word's two 16-bit
 // halves; scaled_down_pair keeps each sign bit and moves the 7 magnitude
 // bits down 4, into a bf16's exponent and mantissa fields. Each half is
 // then a bf16 (a float's top half) whose value is the byte's times
-// 2^-(127 - bias), the same float decode() builds a byte at a time.
+// 2^-(127 - bias), the same float device::e4m3_value() builds a byte at a
+// time.
 KOKKOS_INLINE_FUNCTION std::uint32_t spread_low(std::uint32_t w) { return (w & 0xFFu) << 8 | (w & 0xFF00u) << 16; }
 KOKKOS_INLINE_FUNCTION std::uint32_t spread_high(std::uint32_t w) { return (w & 0xFF0000u) >> 8 | (w & 0xFF000000u); }
 KOKKOS_INLINE_FUNCTION std::uint32_t scaled_down_pair(std::uint32_t x) {
@@ -106,131 +55,21 @@ KOKKOS_INLINE_FUNCTION std::uint32_t nan_bytes(std::uint32_t w, bool fnuz) {
   return fnuz ? ~(low7 + 0x7F7F7F7Fu) & w & 0x80808080u : (low7 + 0x01010101u) & 0x80808080u;
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-#define SPARSE_MLA_HW_E4M3 1
-// Four e4m3fn bytes (a little-endian word) to their exact float values by
-// the hardware's conversion (sm_89 and later): two bytes to two f16 (every
-// e4m3 value is an f16 value, NaN to NaN), each f16 to a float. Six
-// instructions for four values, where the integer decode takes about twenty.
-KOKKOS_INLINE_FUNCTION void e4m3fn_x4(std::uint32_t w, float f[4]) {
-  std::uint32_t h01, h23;
-  asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
-      "cvt.rn.f16x2.e4m3x2 %0, lo;\n\tcvt.rn.f16x2.e4m3x2 %1, hi;\n\t}"
-      : "=r"(h01), "=r"(h23)
-      : "r"(w));
-  asm("{\n\t.reg .b16 a, b, c, d;\n\tmov.b32 {a, b}, %4;\n\tmov.b32 {c, d}, %5;\n\t"
-      "cvt.f32.f16 %0, a;\n\tcvt.f32.f16 %1, b;\n\tcvt.f32.f16 %2, c;\n\tcvt.f32.f16 %3, d;\n\t}"
-      : "=f"(f[0]), "=f"(f[1]), "=f"(f[2]), "=f"(f[3])
-      : "r"(h01), "r"(h23));
-}
-#else
-#define SPARSE_MLA_HW_E4M3 0
-#endif
-
-// 8 bytes, loaded as one unit on GPUs (ld.global.v2), like Int4.
-struct SPARSE_MLA_MAY_ALIAS Int2 {
-  alignas(8) std::int32_t x;
-  std::int32_t y;
-};
-
-// A 4-byte word that may alias the cache's bytes (like Int4).
-struct SPARSE_MLA_MAY_ALIAS Word {
-  std::uint32_t value;
-};
-
-// How a row load fetches (CUDA only; elsewhere every load is plain):
-// - wide: the L2 brings the whole 256-byte block the load falls in from
-//   DRAM (ld.global.L2::256B), for rows read whole, whose neighbouring bytes
-//   other lanes of the team load next;
-// - wide_streaming: as wide, and the line is not kept in the L1
-//   (L1::no_allocate), for outputs stored streaming. Launches with plain
-//   stores keep wide: the hint lost throughput there.
-// Each form was measured against the previous one on the H200
-// (docs/PERFORMANCE.md).
-enum class Fetch { plain, wide, wide_streaming };
-
-#if defined(__CUDA_ARCH__)
-#define SPARSE_MLA_FETCH(hint)                                                                                \
-  if constexpr (Words == 4) {                                                                                 \
-    asm volatile("ld.global" hint ".v4.u32 {%0, %1, %2, %3}, [%4];"                                           \
-                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])                                             \
-                 : "l"(p));                                                                                   \
-  } else if constexpr (Words == 2) {                                                                          \
-    asm volatile("ld.global" hint ".v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));               \
-  } else {                                                                                                    \
-    asm volatile("ld.global" hint ".u32 %0, [%1];" : "=r"(w[0]) : "l"(p));                                    \
-  }
-#endif
-
-// Loads of 1, 2 or 4 little-endian words: one vector access when aligned,
-// bytes otherwise.
-template <bool Vector, int Words, Fetch How = Fetch::plain>
-KOKKOS_INLINE_FUNCTION void load_words(const std::uint8_t* p, std::uint32_t* w) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (Vector && How == Fetch::wide) {
-    SPARSE_MLA_FETCH(".L2::256B")
-    return;
-  } else if constexpr (Vector && How == Fetch::wide_streaming) {
-    SPARSE_MLA_FETCH(".L1::no_allocate.L2::256B")
-    return;
-  }
-#endif
-  if constexpr (Vector && Words == 4) {
-    const Int4 v = *reinterpret_cast<const Int4*>(p);
-    w[0] = static_cast<std::uint32_t>(v.x);
-    w[1] = static_cast<std::uint32_t>(v.y);
-    w[2] = static_cast<std::uint32_t>(v.z);
-    w[3] = static_cast<std::uint32_t>(v.w);
-  } else if constexpr (Vector && Words == 2) {
-    const Int2 v = *reinterpret_cast<const Int2*>(p);
-    w[0] = static_cast<std::uint32_t>(v.x);
-    w[1] = static_cast<std::uint32_t>(v.y);
-  } else if constexpr (Vector) {
-    static_assert(Words == 1, "1, 2 or 4 words");
-    w[0] = reinterpret_cast<const Word*>(p)->value;
-  } else {
-    for (int i = 0; i < Words; ++i) {
-      w[i] = std::uint32_t{p[4 * i]} | std::uint32_t{p[4 * i + 1]} << 8 | std::uint32_t{p[4 * i + 2]} << 16 |
-             std::uint32_t{p[4 * i + 3]} << 24;
-    }
-  }
-}
-
-#undef SPARSE_MLA_FETCH
-
-template <bool Vector, Fetch How>
+// Row loads (device::load_words): wide fetches where the device has them
+// (see UpconvertShape).
+template <bool Vector, device::Fetch How>
 KOKKOS_INLINE_FUNCTION void load16(const std::uint8_t* p, std::uint32_t w[4]) {
-  load_words<Vector, 4, How>(p, w);
+  device::load_words<Vector, 4, How>(p, w);
 }
-template <bool Vector, Fetch How>
+template <bool Vector, device::Fetch How>
 KOKKOS_INLINE_FUNCTION void load8(const std::uint8_t* p, std::uint32_t w[2]) {
-  load_words<Vector, 2, How>(p, w);
+  device::load_words<Vector, 2, How>(p, w);
 }
-template <bool Vector, Fetch How>
+template <bool Vector, device::Fetch How>
 KOKKOS_INLINE_FUNCTION std::uint32_t load4(const std::uint8_t* p) {
   std::uint32_t w;
-  load_words<Vector, 1, How>(p, &w);
+  device::load_words<Vector, 1, How>(p, &w);
   return w;
-}
-
-// A streaming store marks its lines evict-first in the L2 (st.global.cs on
-// CUDA): for outputs larger than the L2, which no later read of this kernel
-// finds there anyway. Elsewhere a plain store.
-template <bool Vector, bool Streaming = false>
-KOKKOS_INLINE_FUNCTION void store16(std::uint8_t* p, const std::uint32_t w[4]) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (Vector && Streaming) {
-    __stcs(reinterpret_cast<int4*>(p), make_int4(static_cast<int>(w[0]), static_cast<int>(w[1]), static_cast<int>(w[2]),
-                                                 static_cast<int>(w[3])));
-    return;
-  }
-#endif
-  if constexpr (Vector) {
-    *reinterpret_cast<Int4*>(p) = Int4{static_cast<std::int32_t>(w[0]), static_cast<std::int32_t>(w[1]),
-                                       static_cast<std::int32_t>(w[2]), static_cast<std::int32_t>(w[3])};
-  } else {
-    for (int i = 0; i < 16; ++i) p[i] = static_cast<std::uint8_t>(w[i / 4] >> (8 * (i % 4)));
-  }
 }
 
 KOKKOS_INLINE_FUNCTION std::int64_t min64(std::int64_t x, std::int64_t y) { return x < y ? x : y; }
@@ -253,9 +92,9 @@ template <class Space, bool Vector, class Split, UpconvertShape Shape>
 struct Fp8Upconvert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   static constexpr bool streaming = Shape == UpconvertShape::many_pages_streaming;
-  static constexpr fp8::Fetch fetch = Shape == UpconvertShape::few_pages ? fp8::Fetch::plain
-                                      : streaming                       ? fp8::Fetch::wide_streaming
-                                                                        : fp8::Fetch::wide;
+  static constexpr device::Fetch fetch = Shape == UpconvertShape::few_pages ? device::Fetch::plain
+                                      : streaming                       ? device::Fetch::wide_streaming
+                                                                        : device::Fetch::wide;
   // Read first (a team's task), then the arguments in the order read.
   std::int32_t rows_per_task;     // rows of a page one team converts
   std::int32_t chunks_per_page;   // teams per page task (32-bit: a 64-bit division is ~100 instructions)
@@ -300,8 +139,8 @@ struct Fp8Upconvert {
     return Page{r, block, copy_begin - block * bs, copy_end - copy_begin, q.begin + copy_begin - q.source};
   }
 
-  // Every thread of a team looks up the same page. On CUDA (page_of_warp)
-  // the 32 lanes of a warp take 32 requests at once (loads, page counts, a
+  // Every thread of a team looks up the same page. On GPUs (page_of_group)
+  // the 32 lanes of a lane group take 32 requests at once (loads, page counts, a
   // shuffle scan of them, a ballot for the one that holds the task), where a
   // loop over the requests had cost each warp about as much as converting
   // its rows. Elsewhere (page_of) a loop, with the starts of 8 requests loaded
@@ -342,13 +181,13 @@ struct Fp8Upconvert {
     return false;
   }
 
-#if defined(__CUDA_ARCH__)
-  // The lookup by one warp. The kernel has issued the first round's loads
-  // (requests 0-31) before anything else: a task's page needs a division
-  // first, and the loads nothing.
-  KOKKOS_INLINE_FUNCTION bool page_of_warp(int lane, RequestLoads loads, std::int64_t task, Page& page) const {
+  // The lookup by one lane group (device::group_lanes > 1). The kernel has
+  // issued the first round's loads (requests 0-31) before anything else: a
+  // task's page needs a division first, and the loads nothing.
+  KOKKOS_INLINE_FUNCTION bool page_of_group(int lane, RequestLoads loads, std::int64_t task, Page& page) const {
+    constexpr int lanes = device::group_lanes;
     const std::int32_t last = a.batch - 1;
-    for (std::int32_t r0 = 0; r0 <= last; r0 += 32) {
+    for (std::int32_t r0 = 0; r0 <= last; r0 += lanes) {
       const std::int32_t r = r0 + lane;
       if (r0 > 0) loads = request_loads(r);
       const std::int32_t at = r < last ? r : last;
@@ -360,27 +199,26 @@ struct Fp8Upconvert {
       constexpr std::uint32_t saturated = 0x7FFFFFFFu;
       const std::uint32_t pages = r > last ? 0u : q.pages < saturated ? static_cast<std::uint32_t>(q.pages) : saturated;
       std::uint32_t inclusive = pages;
-      for (int d = 1; d < 32; d <<= 1) {
-        const std::uint32_t up = __shfl_up_sync(0xffffffffu, inclusive, d);
+      for (int d = 1; d < lanes; d <<= 1) {
+        const std::uint32_t up = device::shuffle_up(inclusive, d);
         if (lane >= d) inclusive = inclusive + up < saturated ? inclusive + up : saturated;
       }
-      std::uint32_t before = __shfl_up_sync(0xffffffffu, inclusive, 1);
+      std::uint32_t before = device::shuffle_up(inclusive, 1);
       if (lane == 0) before = 0;
-      const unsigned holder = __ballot_sync(0xffffffffu, task >= before && task < inclusive);
+      const device::LaneMask holder = device::ballot(task >= before && task < inclusive);
       if (holder != 0) {
-        const int h = __ffs(holder) - 1;
+        const int h = device::first_lane(holder);
         Request held;
-        held.begin = __shfl_sync(0xffffffffu, q.begin, h);
-        held.length = __shfl_sync(0xffffffffu, q.length, h);
-        held.source = __shfl_sync(0xffffffffu, q.source, h);
-        page = page_in(r0 + h, held, task - __shfl_sync(0xffffffffu, before, h));
+        held.begin = device::shuffle(q.begin, h);
+        held.length = device::shuffle(q.length, h);
+        held.source = device::shuffle(q.source, h);
+        page = page_in(r0 + h, held, task - device::shuffle(before, h));
         return true;
       }
-      task -= __shfl_sync(0xffffffffu, inclusive, 31);
+      task -= device::shuffle(inclusive, lanes - 1);
     }
     return false;
   }
-#endif
 
   // Where token `token` of the page's block is read from; nullptr when the
   // block table, the ids or the cache do not hold it.
@@ -413,37 +251,37 @@ struct Fp8Upconvert {
   // bf16(value * scale), the value scaled down by 2^(127 - bias) (exact, see
   // scaled_down_pair), multiplied back up (exact) and then by the scale, so
   // the product is rounded once, as the reference rounds float(fp8) * scale.
-  // 8 bytes with a NaN byte (rare) take decode() a byte at a time.
+  // 8 bytes with a NaN byte (rare) take device::e4m3_value() a byte at a
+  // time.
   KOKKOS_INLINE_FUNCTION void upconvert8(const std::uint32_t in[2], float scale, std::uint32_t out[4]) const {
     const bool fnuz = a.format == Fp8Format::e4m3fnuz;
-#if SPARSE_MLA_HW_E4M3
-    // e4m3fn on sm_89+: the exact values from the hardware, one rounding in
-    // the product, as the reference computes it; NaN bytes need no other
-    // path (a NaN product rounds to 0x7FFF like any NaN).
-    if (!fnuz) {
+    // e4m3fn where the device converts it (device::native_e4m3): the exact
+    // values from the hardware, one rounding in the product, as the
+    // reference computes it; NaN bytes need no other path (a NaN product
+    // rounds to 0x7FFF like any NaN).
+    if (device::native_e4m3 && !fnuz) {
       for (int i = 0; i < 2; ++i) {
         float f[4];
-        fp8::e4m3fn_x4(in[i], f);
-        out[2 * i] = fp8::bf16x2_rne(f[0] * scale, f[1] * scale);
-        out[2 * i + 1] = fp8::bf16x2_rne(f[2] * scale, f[3] * scale);
+        device::e4m3fn_x4(in[i], f);
+        out[2 * i] = device::bf16x2_rne(f[0] * scale, f[1] * scale);
+        out[2 * i + 1] = device::bf16x2_rne(f[2] * scale, f[3] * scale);
       }
       return;
     }
-#endif
     if ((fp8::nan_bytes(in[0], fnuz) | fp8::nan_bytes(in[1], fnuz)) == 0) {
       const float unscale = fnuz ? 0x1p119f : 0x1p120f;
       for (int i = 0; i < 2; ++i) {
         const std::uint32_t low = fp8::scaled_down_pair(fp8::spread_low(in[i]));
         const std::uint32_t high = fp8::scaled_down_pair(fp8::spread_high(in[i]));
-        out[2 * i] = fp8::bf16x2_rne(fp8::from_bits(low << 16) * unscale * scale,
-                                     fp8::from_bits(low & 0xFFFF0000u) * unscale * scale);
-        out[2 * i + 1] = fp8::bf16x2_rne(fp8::from_bits(high << 16) * unscale * scale,
-                                         fp8::from_bits(high & 0xFFFF0000u) * unscale * scale);
+        out[2 * i] = device::bf16x2_rne(device::from_bits(low << 16) * unscale * scale,
+                                     device::from_bits(low & 0xFFFF0000u) * unscale * scale);
+        out[2 * i + 1] = device::bf16x2_rne(device::from_bits(high << 16) * unscale * scale,
+                                         device::from_bits(high & 0xFFFF0000u) * unscale * scale);
       }
     } else {
       for (int i = 0; i < 4; ++i) {
         const std::uint32_t pair = in[i / 2] >> (16 * (i % 2));
-        out[i] = fp8::bf16x2_rne(fp8::decode(pair & 0xFFu, fnuz) * scale, fp8::decode((pair >> 8) & 0xFFu, fnuz) * scale);
+        out[i] = device::bf16x2_rne(device::e4m3_value(pair & 0xFFu, fnuz) * scale, device::e4m3_value((pair >> 8) & 0xFFu, fnuz) * scale);
       }
     }
   }
@@ -471,12 +309,12 @@ struct Fp8Upconvert {
     auto* out = reinterpret_cast<std::uint8_t*>(dst_row);
     if (k < fp8::nope_units) {
       std::uint32_t converted[8];
-      upconvert8(l.in, fp8::from_bits(l.scale_bits[0]), converted);
-      upconvert8(l.in + 2, fp8::from_bits(l.scale_bits[1]), converted + 4);
-      fp8::store16<Vector, streaming>(out + 16 * k, converted);
-      fp8::store16<Vector, streaming>(out + 2 * fp8::half_values + 16 * k, converted + 4);
+      upconvert8(l.in, device::from_bits(l.scale_bits[0]), converted);
+      upconvert8(l.in + 2, device::from_bits(l.scale_bits[1]), converted + 4);
+      device::store16<Vector, streaming>(out + 16 * k, converted);
+      device::store16<Vector, streaming>(out + 2 * fp8::half_values + 16 * k, converted + 4);
     } else {
-      fp8::store16<Vector, streaming>(out + 2 * fp8_nope_values + 16 * (k - fp8::nope_units), l.in);
+      device::store16<Vector, streaming>(out + 2 * fp8_nope_values + 16 * (k - fp8::nope_units), l.in);
     }
   }
 
@@ -499,12 +337,12 @@ struct Fp8Upconvert {
   // Two named slots, not an array indexed in a loop, which nvcc put in
   // local memory (seen in the PTX).
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
-#if defined(__CUDA_ARCH__)
-    // Kokkos lays a team of vector length 1 out along threadIdx.y, and the
-    // GPU teams of this kernel are whole warps: rank & 31 is the warp lane.
-    const int warp_lane = team.team_rank() & 31;
-    const RequestLoads loads = request_loads(warp_lane);
-#endif
+    // Lane groups (device::group_lanes > 1) look a page up together: the
+    // GPU teams of this kernel are whole groups, so rank & 31 is the lane.
+    constexpr bool by_group = device::group_lanes > 1;
+    const int group_lane = team.team_rank() & (device::group_lanes - 1);
+    RequestLoads loads{};
+    if constexpr (by_group) loads = request_loads(group_lane);
     // Few pages: an unsigned division (the league rank and chunks_per_page
     // are positive), a few instructions shorter. Many pages: signed, which
     // that launch ran better with (see UpconvertShape).
@@ -512,11 +350,7 @@ struct Fp8Upconvert {
     const auto task = static_cast<TaskIndex>(team.league_rank());
     const auto chunks = static_cast<TaskIndex>(chunks_per_page);
     Page page{};
-#if defined(__CUDA_ARCH__)
-    if (!page_of_warp(warp_lane, loads, task / chunks, page)) return;
-#else
-    if (!page_of(task / chunks, page)) return;
-#endif
+    if (!(by_group ? page_of_group(group_lane, loads, task / chunks, page) : page_of(task / chunks, page))) return;
     const std::int32_t first = static_cast<std::int32_t>(task % chunks) * rows_per_task;
     const std::int32_t page_rows = static_cast<std::int32_t>(page.rows);
     if (first >= page_rows) return;
@@ -599,7 +433,5 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
     }
   }
 }
-
-#undef SPARSE_MLA_HW_E4M3
 
 }  // namespace sparse_mla::kernels

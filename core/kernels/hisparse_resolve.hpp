@@ -20,9 +20,9 @@
 // fixed groups of entries (2) or slots (4), one group per thread at
 // K = 2048, H = 4096, and issues a group's global loads before it uses any
 // of them; the prefix sums run over groups, and the LRU walk and the miss
-// numbering share one. Each team sum is one barrier (team_prefix: a warp
-// shuffle scan, one word per warp through scratch), and that barrier is also
-// the one between two passes. LaunchBounds<1024, 1> keeps the kernel within
+// numbering share one. Each team sum is one barrier
+// (device::team_exclusive_sum: a warp shuffle scan, one word per warp through
+// scratch), and that barrier is also the one between two passes. LaunchBounds<1024, 1> keeps the kernel within
 // 64 registers (a 1024-thread team's share of an SM's register file). On the
 // host a team is one thread and the same passes run as loops.
 //
@@ -52,6 +52,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "primitives.hpp"
 #include "space_traits.hpp"
 #include "kernels.hpp"
 
@@ -83,28 +84,14 @@ constexpr int slots_per_group = 4;  // one byte of hit flags
 // Up to this many hot blocks per row (H / hot_block_size) are cached in
 // scratch by pass 1, so the last pass maps slots to hot rows without global loads.
 constexpr std::int32_t max_cached_hot_blocks = 1024;
-// Per-warp partial counts of the team sums (team_prefix): two buffers of 32
-// (up to 1024 threads), used in turn, so that a sum's buffer is written again
-// only after a later barrier that every thread reaches after reading it.
-constexpr std::int32_t team_total_words = 64;
+// Per-group partial counts of the team sums (device::team_exclusive_sum): two
+// buffers, used in turn, so that a sum's buffer is written again only after a
+// later barrier that every thread reaches after reading it.
+constexpr std::int32_t team_total_words = 2 * device::team_exclusive_sum_words;
 
 KOKKOS_INLINE_FUNCTION std::int32_t groups(std::int32_t n, std::int32_t per_group) {
   return (n + per_group - 1) / per_group;
 }
-
-// Splits a non-negative position into (block, offset): a shift and a mask
-// when the block size is a power of two (every production table), else a
-// division, about twenty instructions.
-struct BlockSplit {
-  std::int32_t size;
-  std::int32_t shift;  // log2(size), or -1
-
-  static BlockSplit of(std::int32_t size) { return BlockSplit{size, exact_log2(size)}; }
-  KOKKOS_INLINE_FUNCTION std::int32_t block(std::int32_t x) const { return shift >= 0 ? x >> shift : x / size; }
-  KOKKOS_INLINE_FUNCTION std::int32_t offset(std::int32_t x) const {
-    return shift >= 0 ? x & ((std::int32_t{1} << shift) - 1) : x % size;
-  }
-};
 
 // The set is probed a bucket of 4 positions at a time (one 16-byte scratch
 // load): a key starts at the first position of its hash bucket and moves on
@@ -117,32 +104,6 @@ constexpr std::int32_t bucket = 4;
 // number of buckets.
 KOKKOS_INLINE_FUNCTION std::int32_t set_positions(std::int32_t top_k) { return (2 * top_k + bucket - 1) / bucket * bucket; }
 
-// Atomics on the set's words. On CUDA the native ones, which the compiler
-// turns into shared-memory atomics for level-0 scratch; Kokkos' atomics are
-// inline assembly on a generic address, which it cannot narrow (the SASS
-// had generic ATOMs). Relaxed, as Kokkos' are.
-KOKKOS_INLINE_FUNCTION std::uint32_t set_cas(std::uint32_t* p, std::uint32_t expected, std::uint32_t desired) {
-#if defined(__CUDA_ARCH__)
-  return atomicCAS(p, expected, desired);
-#else
-  return Kokkos::atomic_compare_exchange(p, expected, desired);
-#endif
-}
-KOKKOS_INLINE_FUNCTION void set_min(std::uint32_t* p, std::uint32_t value) {
-#if defined(__CUDA_ARCH__)
-  atomicMin(p, value);
-#else
-  Kokkos::atomic_fetch_min(p, value);
-#endif
-}
-KOKKOS_INLINE_FUNCTION std::uint32_t set_max(std::uint32_t* p, std::uint32_t value) {
-#if defined(__CUDA_ARCH__)
-  return atomicMax(p, value);
-#else
-  return Kokkos::atomic_fetch_max(p, value);
-#endif
-}
-
 // Knuth's multiplicative hash, scaled to [0, size) by its high bits.
 KOKKOS_INLINE_FUNCTION std::int32_t hash_position(std::int32_t key, std::int32_t size) {
   const std::uint32_t mixed = static_cast<std::uint32_t>(key) * 2654435761u;
@@ -152,7 +113,7 @@ KOKKOS_INLINE_FUNCTION std::int32_t hash_position(std::int32_t key, std::int32_t
 // The team's scratch arrays, carved from one allocation.
 struct ResolveScratch {
   std::uint32_t* words;      // [set_positions(K)]: the hash set, 16-byte aligned
-  std::uint32_t* totals;     // [team_total_words]: per-warp partial sums (team_prefix)
+  std::uint32_t* totals;     // [team_total_words]: per-group partial sums (device::team_exclusive_sum)
   std::int32_t* host_rows;   // [K]: host row of entry j when it needs a slot, else done
   std::int32_t* hot_blocks;  // [cached]: the row's hot block table, or unused (cached = 0)
   std::uint16_t* position;   // [K]: hash position of entry j (entries that need a slot)
@@ -197,7 +158,7 @@ struct HiSparseResolve {
   static constexpr int S = hisparse::slots_per_group;
   HiSparseResolveArgs a;
   std::int32_t cached_blocks;  // hot block table entries cached in scratch per row
-  hisparse::BlockSplit source_split, resident_split, hot_split;  // by a.source_block_size, ...
+  BlockSplit<SplitBy::either> source_split, resident_split, hot_split;  // by a.source_block_size, ...
 
   KOKKOS_INLINE_FUNCTION std::int32_t hash_size() const { return hisparse::set_positions(a.top_k); }
   KOKKOS_INLINE_FUNCTION std::int32_t first_position(std::int32_t key) const {
@@ -368,7 +329,7 @@ struct HiSparseResolve {
         std::uint32_t word = k.word[i];
         std::int32_t key = k.key[i];
         if (word == empty) {
-          word = hisparse::set_cas(&s.words[b + i], empty, entry);
+          word = device::atomic_cas(&s.words[b + i], empty, entry);
           if (word == empty) {
             ++added;
             h[u] = b + i;
@@ -378,7 +339,7 @@ struct HiSparseResolve {
           key = s.host_rows[word];  // in this pass a word is empty or an entry index
         }
         if (key == g[u]) {
-          if (entry < word) hisparse::set_min(&s.words[b + i], entry);
+          if (entry < word) device::atomic_min(&s.words[b + i], entry);
           h[u] = b + i;
           done = true;
         }
@@ -392,56 +353,6 @@ struct HiSparseResolve {
   // high half): every count here is at most hot_slots <= 2^15, so neither
   // half carries into the other.
   static constexpr std::uint32_t high_count = std::uint32_t{1} << 16;
-
-  // The team's sum of `value` over the threads before this one; `total` gets
-  // the sum over all of them. Also the barrier between two passes: every
-  // thread's earlier scratch and global writes are visible to every thread
-  // when it returns. `totals` is one of the two halves of s.totals, used in
-  // turn by consecutive calls. On CUDA: a shuffle scan in each warp, one word
-  // per warp through scratch, one barrier (Kokkos' team reductions and scans
-  // cost about ten). Elsewhere on a device: Kokkos' team scan and reduction.
-  // On the host a team is one thread.
-  KOKKOS_INLINE_FUNCTION std::uint32_t team_prefix(const member_type& team, std::uint32_t* totals,
-                                                   std::uint32_t value, std::uint32_t& total) const {
-    if constexpr (is_host_space<Space>) {
-      (void)team;
-      (void)totals;
-      total = value;
-      return 0;
-    } else {
-#if defined(__CUDA_ARCH__)
-      // The team is one thread per rank (vector length 1) and a multiple of
-      // 32 threads (resolve_hisparse launches 1024), so warp w holds ranks
-      // 32w .. 32w + 31.
-      const int rank = team.team_rank();
-      const int lane = rank & 31, warp = rank >> 5;
-      std::uint32_t inclusive = value;
-      for (int d = 1; d < 32; d <<= 1) {
-        const std::uint32_t up = __shfl_up_sync(0xffffffffu, inclusive, d);
-        if (lane >= d) inclusive += up;
-      }
-      if (lane == 31) totals[warp] = inclusive;
-      team.team_barrier();
-      const int warps = team.team_size() >> 5;
-      std::uint32_t before = 0, sum = 0;
-      for (int w = 0; w < warps; ++w) {
-        const std::uint32_t t = totals[w];
-        before += w < warp ? t : 0u;
-        sum += t;
-      }
-      total = sum;
-      return before + inclusive - value;
-#else
-      (void)totals;
-      team.team_barrier();
-      const std::uint32_t before = team.team_scan(value);
-      std::uint32_t sum = value;
-      team.team_reduce(Kokkos::Sum<std::uint32_t>(sum));
-      total = sum;
-      return before;
-#endif
-    }
-  }
 
   // Pass 1. Returns this thread's counts: valid entries in the low half,
   // entries that need a hot slot in the high. Group i holds entries i, i + G,
@@ -467,21 +378,15 @@ struct HiSparseResolve {
       }
       // While the loads are in flight: clear the set, copy the hot block table.
       for (std::int32_t h = i; h < hash_size(); h += G) s.words[h] = hisparse::empty_word;
-#if defined(__CUDA_ARCH__)
       // Pass 3 reads these two barriers from now: bring them to this SM's L1
       // while the table loads are in flight (after the entry loads, which
-      // must not wait for the state).
-      if (prefetch) {
+      // must not wait for the state). A hint where the device has it.
+      if (device::form == device::Form::cuda && prefetch) {
         for (std::int32_t k = i; k < slot_groups(); k += G) {
-          asm volatile("prefetch.L1 [%0];" ::"l"(slot_rows + k * S));
-          asm volatile("prefetch.L1 [%0];" ::"l"(lru + k * S));
+          device::prefetch_l1(slot_rows + k * S);
+          device::prefetch_l1(lru + k * S);
         }
       }
-#else
-      (void)slot_rows;
-      (void)lru;
-      (void)prefetch;
-#endif
       for (std::int32_t b = i; b < cached; b += G) s.hot_blocks[b] = hot_table[b];
       // Branches only on the row (uniform), none per entry.
       if (source_table != nullptr) {
@@ -566,7 +471,7 @@ struct HiSparseResolve {
         for (int u = 0; u < S / 2; ++u) {
           if (h[u] < 0) continue;
           const std::uint32_t slot_word = (static_cast<std::uint32_t>(first + half + u + 1) << 16) | (w[u] & 0xFFFFu);
-          const std::uint32_t old = hisparse::set_max(&s.words[h[u]], slot_word);
+          const std::uint32_t old = device::atomic_max(&s.words[h[u]], slot_word);
           flags |= 1u << (half + u);
           counts += 1u + ((old >> 16) == 0 ? high_count : 0u);
         }
@@ -674,7 +579,7 @@ struct HiSparseResolve {
     std::uint32_t count = 0;
     for (std::int32_t i = begin; i < end; ++i) count += load_order_group(s, lru, i, false).count;
     std::uint32_t total = 0;
-    std::uint32_t before = team_prefix(team, s.totals + hisparse::team_total_words / 2, count, total);
+    std::uint32_t before = device::team_exclusive_sum(team, s.totals + hisparse::team_total_words / 2, count, total);
     for (std::int32_t i = begin; i < end; ++i) {
       const OrderGroup o = load_order_group(s, lru, i, true);
       place_order_group(s, o, i, before, hits, misses);
@@ -768,7 +673,7 @@ struct HiSparseResolve {
     const std::int64_t state_row = padding ? 0 : state;
     std::int32_t* slot_rows = a.slot_rows + state_row * a.slot_rows_stride;
     std::int16_t* lru = a.lru + state_row * a.lru_stride;
-    team_prefix(team, totals[0],
+    device::team_exclusive_sum(team, totals[0],
                 map_entries(team, s, row, padding ? -1 : request, hot_table_row, padding ? 0 : cached_blocks,
                             slot_rows, lru, !padding),
                 counts);
@@ -779,9 +684,9 @@ struct HiSparseResolve {
       return;
     }
     std::uint32_t distinct = 0;
-    team_prefix(team, totals[1], build_set(team, s), distinct);
+    device::team_exclusive_sum(team, totals[1], build_set(team, s), distinct);
     std::uint32_t found = 0;
-    team_prefix(team, totals[0], classify_slots(team, s, slot_rows, lru), found);
+    device::team_exclusive_sum(team, totals[0], classify_slots(team, s, slot_rows, lru), found);
     const std::int32_t hits = static_cast<std::int32_t>(found & 0xFFFFu);
     const std::int32_t misses = static_cast<std::int32_t>(distinct) - static_cast<std::int32_t>(found >> 16);
     order_slots(team, s, lru, hits, misses);  // its prefix sum uses totals[1]
@@ -808,9 +713,9 @@ void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
   const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
   policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(hisparse::team_threads));
   policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
-  const hisparse::BlockSplit source = hisparse::BlockSplit::of(a.source_block_size);
-  const hisparse::BlockSplit resident = hisparse::BlockSplit::of(a.resident_block_size);
-  const hisparse::BlockSplit hot = hisparse::BlockSplit::of(a.hot_block_size);
+  const auto source = BlockSplit<SplitBy::either>::of(a.source_block_size);
+  const auto resident = BlockSplit<SplitBy::either>::of(a.resident_block_size);
+  const auto hot = BlockSplit<SplitBy::either>::of(a.hot_block_size);
   if (level == 0) {
     Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy,
                          HiSparseResolve<Space, 0>{a, cached, source, resident, hot});

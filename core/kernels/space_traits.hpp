@@ -1,8 +1,10 @@
-// What the kernels need to know about an execution space, and the 16-byte
-// vector type they load and store with.
+// What the kernels need to know about an execution space, and how they split
+// positions into blocks.
 #pragma once
 
 #include <Kokkos_Core.hpp>
+
+#include "primitives.hpp"
 
 #include <cstdint>
 #include <type_traits>
@@ -27,38 +29,44 @@ constexpr int warp_lanes() {
   return is_host_space<Space> ? 1 : 32;
 }
 
-// 16 bytes, loaded and stored as one unit on GPUs (ld.global.v4).
-#if defined(__GNUC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
-#define SPARSE_MLA_MAY_ALIAS __attribute__((__may_alias__))
-#else
-#define SPARSE_MLA_MAY_ALIAS
-#endif
-struct SPARSE_MLA_MAY_ALIAS Int4 {
-  alignas(16) std::int32_t x;
-  std::int32_t y, z, w;
-};
-static_assert(sizeof(Int4) == 16 && alignof(Int4) == 16, "Int4 is one 16-byte unit");
-
 KOKKOS_INLINE_FUNCTION bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
 }
 
-// How a position splits into (block, offset) for a block size: a shift and a
-// mask when the size is a power of two (every production cache), else a
-// division, which costs about twenty instructions (a hundred in 64 bits).
-// Positions are non-negative.
-struct BlockDivide {
+// How a non-negative position splits into (block, offset) for a block size,
+// with what the kernel knows at compile time (`By`):
+// - shift: the size is a power of two (every production cache): a shift and
+//   a mask;
+// - divide: any size: a division, about twenty instructions (a hundred in 64
+//   bits);
+// - either: decided per call by a branch on the shift, for kernels with
+//   several block sizes, each combination of which would be another kernel.
+// with_block_split() picks shift or divide for a launch.
+enum class SplitBy { shift, divide, either };
+
+// log2(n) when n is a power of two, else -1.
+inline int exact_log2(std::int32_t n) {
+  for (int s = 0; s < 31; ++s) {
+    if (n == (std::int32_t{1} << s)) return s;
+  }
+  return -1;
+}
+
+template <SplitBy By>
+struct BlockSplit {
   std::int32_t size;
-  KOKKOS_INLINE_FUNCTION std::int32_t block(std::int32_t tok) const { return tok / size; }
-  KOKKOS_INLINE_FUNCTION std::int64_t block(std::int64_t pos) const { return pos / size; }
-  KOKKOS_INLINE_FUNCTION std::int32_t offset(std::int32_t tok) const { return tok % size; }
+  std::int32_t shift;  // log2(size), or -1
+
+  static BlockSplit of(std::int32_t size) { return BlockSplit{size, exact_log2(size)}; }
+  KOKKOS_INLINE_FUNCTION bool shifts() const { return By == SplitBy::shift || (By == SplitBy::either && shift >= 0); }
+  KOKKOS_INLINE_FUNCTION std::int32_t block(std::int32_t x) const { return shifts() ? x >> shift : x / size; }
+  KOKKOS_INLINE_FUNCTION std::int64_t block(std::int64_t x) const { return shifts() ? x >> shift : x / size; }
+  KOKKOS_INLINE_FUNCTION std::int32_t offset(std::int32_t x) const {
+    return shifts() ? x & ((std::int32_t{1} << shift) - 1) : x % size;
+  }
 };
-struct BlockShift {
-  std::int32_t shift;
-  KOKKOS_INLINE_FUNCTION std::int32_t block(std::int32_t tok) const { return tok >> shift; }
-  KOKKOS_INLINE_FUNCTION std::int64_t block(std::int64_t pos) const { return pos >> shift; }
-  KOKKOS_INLINE_FUNCTION std::int32_t offset(std::int32_t tok) const { return tok & ((1 << shift) - 1); }
-};
+using BlockShift = BlockSplit<SplitBy::shift>;
+using BlockDivide = BlockSplit<SplitBy::divide>;
 
 // Division of n in [0, 2^31) by a fixed d in [1, 2^31) as a multiply and
 // a shift (Granlund and Montgomery, "Division by invariant integers using
@@ -81,22 +89,14 @@ struct FastDivide {
   }
 };
 
-// log2(n) when n is a power of two, else -1.
-inline int exact_log2(std::int32_t n) {
-  for (int s = 0; s < 31; ++s) {
-    if (n == (std::int32_t{1} << s)) return s;
-  }
-  return -1;
-}
-
 // Calls f(split) with the cheapest split for `block_size` (> 0).
 template <class F>
 void with_block_split(std::int32_t block_size, F&& f) {
-  const int shift = exact_log2(block_size);
-  if (shift >= 0) {
-    f(BlockShift{shift});
+  const BlockSplit<SplitBy::either> split = BlockSplit<SplitBy::either>::of(block_size);
+  if (split.shifts()) {
+    f(BlockShift{split.size, split.shift});
   } else {
-    f(BlockDivide{block_size});
+    f(BlockDivide{split.size, split.shift});
   }
 }
 

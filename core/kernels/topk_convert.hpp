@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "primitives.hpp"
 #include "space_traits.hpp"
 #include "kernels.hpp"
 
@@ -138,53 +139,6 @@ KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, Int4& v) {
   return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
 }
 
-// The sum of `value` over the team's `threads` threads, returned to thread
-// 0, in two calls: begin_team_sum() before the work (on GPUs without warp
-// reductions it zeroes a shared counter, with a barrier, best placed while
-// loads are in flight), team_sum() after it. `partial` is team scratch for
-// team_sum_ints(threads) ints. `threads` is the team's size, a constant in
-// kernels that know it.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define SPARSE_MLA_WARP_REDUCE 1
-#else
-#define SPARSE_MLA_WARP_REDUCE 0
-#endif
-template <class Member>
-KOKKOS_INLINE_FUNCTION void begin_team_sum(const Member& team, std::int32_t threads, std::int32_t* partial) {
-#if SPARSE_MLA_WARP_REDUCE
-  (void)team;
-  (void)threads;
-  (void)partial;
-#else
-  if (threads == 1) return;
-  if (team.team_rank() == 0) *partial = 0;
-  team.team_barrier();
-#endif
-}
-template <class Member>
-KOKKOS_INLINE_FUNCTION std::int32_t team_sum(const Member& team, std::int32_t threads, std::int32_t value,
-                                             std::int32_t* partial) {
-  if (threads == 1) return value;
-#if SPARSE_MLA_WARP_REDUCE
-  // Team ranks are consecutive thread ids (vector length 1), the team is
-  // whole warps: a warp reduction, one value per warp through scratch, and
-  // a second warp reduction by the first warp.
-  const std::int32_t rank = team.team_rank();
-  const std::int32_t warp_value = __reduce_add_sync(0xffffffffu, value);
-  if ((rank & 31) == 0) partial[rank >> 5] = warp_value;
-  team.team_barrier();
-  if (rank >= 32) return 0;
-  return __reduce_add_sync(0xffffffffu, rank < (threads >> 5) ? partial[rank] : 0);
-#else
-  // Any backend: shared-memory atomics on a counter zeroed by thread 0.
-  Kokkos::atomic_add(partial, value);
-  team.team_barrier();
-  return *partial;
-#endif
-}
-
-KOKKOS_INLINE_FUNCTION constexpr std::size_t team_sum_ints(int threads) { return threads >= 32 ? static_cast<std::size_t>(threads) / 32 : 1; }
-
 // The DCP policy of a launch. NoDcp: the plain conversion. Dcp<Compact>:
 // rank `rank` of `size` owns position p when (p / interleave) % size ==
 // rank; an owned position becomes its local position
@@ -234,78 +188,6 @@ KOKKOS_INLINE_FUNCTION void store_valid(std::int32_t* out, std::int32_t at, cons
   if (v.w != -1) out[at] = v.w;
 }
 
-// Ints of team scratch team_round_offsets needs: two buffers (alternate
-// calls use alternate ones, so that one barrier a call suffices between a
-// call's reads and the next call's writes) of one int per warp and unit.
-KOKKOS_INLINE_FUNCTION constexpr std::size_t team_scan_ints(int units) { return 2 * 32 * static_cast<std::size_t>(units); }
-
-// Where each of the team's units of a round puts its valid entries in a
-// compacted row. Thread `rank` holds units u = 0 .. N - 1 of the round, in
-// input order (u, rank): all threads' unit 0, then all threads' unit 1, ...
-// count[u] (0 to MaxCount) is the valid entries of the thread's unit u; before[u]
-// becomes the valid entries of the round's units ahead of it, and `total`
-// the round's, on every thread. Every thread of the team calls it (it has a
-// barrier); `parity` alternates the scratch buffer.
-template <int N, int MaxCount, class Member>
-KOKKOS_INLINE_FUNCTION void team_round_offsets(const Member& team, std::int32_t threads, const std::int32_t (&count)[N],
-                                               std::int32_t (&before)[N], std::int32_t& total, std::int32_t* scratch,
-                                               int& parity) {
-  if (threads == 1) {
-    total = 0;
-    for (int u = 0; u < N; ++u) {
-      before[u] = total;
-      total += count[u];
-    }
-    return;
-  }
-  std::int32_t* partial = scratch + 32 * N * parity;
-  parity ^= 1;
-  const std::int32_t rank = team.team_rank();
-#if SPARSE_MLA_WARP_REDUCE
-  // Whole warps of consecutive ranks. In a warp, each bit of a count is a
-  // ballot: the lanes below hold popc(ballot & below) of each. The
-  // warps' sums of each unit go through scratch, one barrier, and every
-  // thread adds up those ahead of its own (N x warps reads, no second pass).
-  const std::int32_t lane = rank & 31, warp = rank >> 5, warps = threads >> 5;
-  const unsigned below = (1u << lane) - 1u;
-  std::int32_t in_warp[N];
-  for (int u = 0; u < N; ++u) {
-    std::int32_t ahead = 0, sum = 0;
-    for (int bit = 0; (MaxCount >> bit) != 0; ++bit) {
-      const unsigned lanes = __ballot_sync(0xffffffffu, (count[u] >> bit) & 1);
-      ahead += __popc(lanes & below) << bit;
-      sum += __popc(lanes) << bit;
-    }
-    in_warp[u] = ahead;
-    if (lane == 0) partial[u * 32 + warp] = sum;
-  }
-  team.team_barrier();
-  total = 0;
-  for (int u = 0; u < N; ++u) {
-    std::int32_t unit_total = 0, earlier_warps = 0;
-    for (std::int32_t w = 0; w < warps; ++w) {
-      const std::int32_t sum = partial[u * 32 + w];
-      unit_total += sum;
-      earlier_warps += w < warp ? sum : 0;
-    }
-    before[u] = total + earlier_warps + in_warp[u];
-    total += unit_total;
-  }
-#else
-  // Any backend: one Kokkos team scan per unit, and the last thread's
-  // inclusive sum through scratch for each unit's total.
-  total = 0;
-  for (int u = 0; u < N; ++u) {
-    const std::int32_t exclusive = team.team_scan(count[u]);
-    if (rank == threads - 1) partial[u] = exclusive + count[u];
-    team.team_barrier();
-    before[u] = total + exclusive;
-    total += partial[u];
-    team.team_barrier();
-  }
-#endif
-}
-
 // A compacted row's tail: entries [valid, count) of `out` become -1, as
 // 16-byte stores from the first multiple of four on when the row's units are
 // (Unit = Int4: the row is 16-byte aligned and count % 4 == 0).
@@ -338,9 +220,7 @@ struct Convert {
                                                   std::int32_t rank, std::int32_t threads, std::int32_t units) const {
     std::int32_t valid = convert_round(m, out, v, rank, threads, units);
     const std::int32_t step = UnitsInFlight * threads;
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)  // device passes only: g++ warns on the pragma
-#pragma unroll 1
-#endif
+    SPARSE_MLA_NO_UNROLL
     for (std::int32_t q = rank + step; q < units; q += step) {  // rows longer than a round; the stores may alias the inputs
       load(in, v, q, threads, units);
       valid += convert_round(m, out, v, q, threads, units);
@@ -395,7 +275,7 @@ struct Convert {
         mine[0] += count[u];
       }
       std::int32_t total = 0;
-      team_round_offsets<1, unit_entries * UnitsInFlight>(team, threads, mine, before, total, scratch, parity);
+      device::team_round_offsets<1, unit_entries * UnitsInFlight>(team, threads, mine, before, total, scratch, parity);
       std::int32_t at = base + before[0];
       for (int u = 0; u < UnitsInFlight; ++u) {
         if (q + u < units) store_valid(out, at, v[u]);
@@ -419,7 +299,7 @@ struct Convert {
     const std::int32_t threads = team.team_size();
     const std::int32_t units = p.num_topk / entries(static_cast<const Unit*>(nullptr));
     auto* partial = static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(
-        sizeof(std::int32_t) * (Dcp::compact ? team_scan_ints(1) : team_sum_ints(threads))));
+        sizeof(std::int32_t) * (Dcp::compact ? device::team_round_ints(1) : device::team_sum_ints(threads))));
 
     // The first round's indices and the request id go out together.
     const Unit* in = reinterpret_cast<const Unit*>(p.logical + t * p.logical_stride);
@@ -436,7 +316,7 @@ struct Convert {
     load(in, v, rank, threads, units);
     const std::int32_t req = p.req_id[t];
     const std::int32_t workspace = Workspace ? p.workspace_request[t] : -1;
-    if (p.valid_counts != nullptr) begin_team_sum(team, threads, partial);
+    if (p.valid_counts != nullptr) device::begin_team_sum(team, threads, partial);
 
     Unit* out = reinterpret_cast<Unit*>(p.physical + t * p.physical_stride);
     std::int32_t valid = 0;
@@ -447,7 +327,7 @@ struct Convert {
       valid = convert_row(m, in, out, v, rank, threads, units);
     }
     if (p.valid_counts == nullptr) return;
-    const std::int32_t sum = team_sum(team, threads, valid, partial);
+    const std::int32_t sum = device::team_sum(team, threads, valid, partial);
     if (rank == 0) p.valid_counts[t] = sum;
   }
 };
@@ -474,19 +354,17 @@ struct RoundParams {
   std::int32_t* valid_counts;  // or nullptr
 };
 
-// Scratch for the partial sums of a team of Threads: static shared memory on
-// GPUs, at a constant address, where Kokkos' team scratch pointer took
-// arithmetic on launch parameters before the first load. Host spaces run
-// teams of one, which sum nothing.
-template <int Threads, int ScanUnits = 0>
-KOKKOS_INLINE_FUNCTION std::int32_t* round_partials() {
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+// The team sum's or scan's partials of a team of Threads: none for a team of
+// one (host spaces), else device::team_ints (a constant address on GPUs).
+template <int Threads, int ScanUnits, class Member>
+KOKKOS_INLINE_FUNCTION std::int32_t* round_partials(const Member& team) {
+  constexpr std::size_t ints = ScanUnits > 0 ? device::team_round_ints(ScanUnits) : device::team_sum_ints(Threads);
   if constexpr (Threads > 1) {
-    __shared__ std::int32_t partials[ScanUnits > 0 ? team_scan_ints(ScanUnits) : team_sum_ints(Threads)];
-    return partials;
+    return device::team_ints<static_cast<int>(ints)>(team);
+  } else {
+    (void)team;
+    return nullptr;
   }
-#endif
-  return nullptr;
 }
 
 // Rows of whole rounds: each thread of a team of Threads converts
@@ -531,7 +409,7 @@ struct ConvertRounds {
       count[u] = map_unit<true>(m, v[u]);
     }
     std::int32_t total = 0;
-    team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
+    device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
     for (int u = 0; u < UnitsInFlight; ++u) store_valid(row, base + before[u], v[u]);
     return total;
   }
@@ -548,8 +426,8 @@ struct ConvertRounds {
     Int4 v[UnitsInFlight];
     load(in, v);
     const std::int32_t req = p.req_id[t];
-    std::int32_t* partial = round_partials<Threads, Dcp::compact ? UnitsInFlight : 0>();
-    if (!Dcp::compact && p.valid_counts != nullptr) begin_team_sum(team, Threads, partial);
+    std::int32_t* partial = round_partials<Threads, Dcp::compact ? UnitsInFlight : 0>(team);
+    if (!Dcp::compact && p.valid_counts != nullptr) device::begin_team_sum(team, Threads, partial);
 
     // req_id names a row of the table (SPEC), so it is not negative.
     const TableMap<Split> m{p.block_table + wide_mul(static_cast<std::uint32_t>(req), p.block_table_stride), p.limit,
@@ -569,9 +447,7 @@ struct ConvertRounds {
     }
     Int4* out = reinterpret_cast<Int4*>(p.physical + wide_mul(t, p.physical_stride)) + rank;
     std::int32_t valid = convert_round(m, v, out);
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)  // device passes only: g++ warns on the pragma
-#pragma unroll 1
-#endif
+    SPARSE_MLA_NO_UNROLL
     for (std::int32_t r = 1; r < p.rounds; ++r) {  // the stores may alias the inputs: the next loads follow them
       in += UnitsInFlight * Threads;
       out += UnitsInFlight * Threads;
@@ -579,7 +455,7 @@ struct ConvertRounds {
       valid += convert_round(m, v, out);
     }
     if (p.valid_counts == nullptr) return;
-    const std::int32_t sum = team_sum(team, Threads, valid, partial);
+    const std::int32_t sum = device::team_sum(team, Threads, valid, partial);
     if (rank == 0) p.valid_counts[t] = sum;
   }
 };
@@ -587,7 +463,7 @@ struct ConvertRounds {
 template <class Space, class Unit, int UnitsInFlight, class Split, class Dcp>
 void launch(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, int threads) {
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), threads);
-  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * (Dcp::compact ? team_scan_ints(1) : team_sum_ints(threads))));
+  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * (Dcp::compact ? device::team_round_ints(1) : device::team_sum_ints(threads))));
   if constexpr (Dcp::filter) {  // no prefill workspace with DCP (checked by the operation)
     Kokkos::parallel_for("sparse_mla::convert_topk_dcp", policy, Convert<Space, Split, Unit, UnitsInFlight, false, Dcp>{p, dcp});
   } else if (p.workspace_request != nullptr) {
@@ -621,8 +497,12 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
                              static_cast<std::uint32_t>(p.physical_stride),
                              p.valid_counts};
   static_assert(Threads == 1 || !is_host_space<Space>, "host spaces run teams of one (round_partials)");
-  Kokkos::parallel_for(Dcp::filter ? "sparse_mla::convert_topk_dcp_rounds" : "sparse_mla::convert_topk_rounds",
-                       Kokkos::TeamPolicy<Space>(space, static_cast<int>(rows), Threads),
+  Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), Threads);
+  if (!device::static_team_ints && Threads > 1) {  // round_partials() takes team scratch
+    constexpr std::size_t ints = Dcp::compact ? device::team_round_ints(UnitsInFlight) : device::team_sum_ints(Threads);
+    policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * ints));
+  }
+  Kokkos::parallel_for(Dcp::filter ? "sparse_mla::convert_topk_dcp_rounds" : "sparse_mla::convert_topk_rounds", policy,
                        ConvertRounds<Space, Split, Threads, UnitsInFlight, Dcp>{r, dcp});
   return true;
 }
@@ -696,8 +576,6 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
 }
 
 }  // namespace topk
-
-#undef SPARSE_MLA_WARP_REDUCE
 
 template <class Space>
 void convert_topk(const Space& space, const TopkConvertArgs& a) {

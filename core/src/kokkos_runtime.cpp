@@ -96,6 +96,14 @@ std::string kokkos_version() {
          std::to_string(KOKKOS_VERSION % 100);
 }
 
+std::string device_primitives() {
+#if defined(SPARSE_MLA_PORTABLE_PRIMITIVES)
+  return "portable";
+#else
+  return "native";
+#endif
+}
+
 std::vector<std::string> kokkos_execution_spaces() {
   std::vector<std::string> spaces{Kokkos::DefaultExecutionSpace::name()};
   auto add = [&spaces](const char* name) {

@@ -183,7 +183,7 @@ namespace shapes {
 template <int N>
 void launch(const Space& space, const sparse_mla::TopkConvertArgs& a, int threads) {
   using namespace sparse_mla::kernels;
-  const auto p = topk::params_of(a, BlockShift{6});  // block_size 64
+  const auto p = topk::params_of(a, BlockShift::of(64));  // block_size 64
   topk::launch<Space, Int4, N>(space, p, topk::NoDcp{}, a.num_tokens, threads);
 }
 }  // namespace shapes

@@ -66,7 +66,8 @@ std::string memory(std::size_t bytes) {
 
 void print_text(const std::vector<BackendReport>& reports) {
   std::cout << "sparse-mla " << SPARSE_MLA_VERSION << "\n";
-  std::cout << "Kokkos " << kokkos_version() << ", execution spaces: " << join(kokkos_execution_spaces()) << "\n";
+  std::cout << "Kokkos " << kokkos_version() << ", execution spaces: " << join(kokkos_execution_spaces())
+            << ", device primitives: " << device_primitives() << "\n";
   std::cout << "backends compiled in: " << join(compiled_backends()) << "\n";
   for (const BackendReport& r : reports) {
     if (!r.unavailable.empty()) {
@@ -83,7 +84,9 @@ void print_text(const std::vector<BackendReport>& reports) {
 void print_json(const std::vector<BackendReport>& reports) {
   nlohmann::ordered_json doc;
   doc["version"] = SPARSE_MLA_VERSION;
-  doc["kokkos"] = {{"version", kokkos_version()}, {"execution_spaces", kokkos_execution_spaces()}};
+  doc["kokkos"] = {{"version", kokkos_version()},
+                   {"execution_spaces", kokkos_execution_spaces()},
+                   {"device_primitives", device_primitives()}};
   doc["backends"] = nlohmann::ordered_json::array();
   for (const BackendReport& r : reports) {
     nlohmann::ordered_json b = {{"name", r.name}, {"available", r.unavailable.empty()}};

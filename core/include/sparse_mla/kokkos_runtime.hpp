@@ -24,6 +24,11 @@ std::string kokkos_version();
 // {"Cuda", "Serial"}, {"Serial"}.
 std::vector<std::string> kokkos_execution_spaces();
 
+// How this build's kernels were compiled: "native" (the CUDA and HIP forms of
+// the device primitives on GPUs) or "portable" (SPARSE_MLA_PORTABLE_PRIMITIVES:
+// the portable Kokkos forms everywhere).
+std::string device_primitives();
+
 // What Kokkos itself reports through its Tools interface, counted from when
 // start_counting_kokkos_activity() was called: allocations (on any thread)
 // and fences begun on threads that count them (count_kokkos_fences_on_this_thread).
