@@ -1,12 +1,108 @@
-"""Helpers the tests share: poisoned outputs, an attn_metadata, random conversion
-inputs, and a stand-in for a tensor of another device."""
+"""Helpers the tests share: the backend under test and how its data is made and
+read (Arrays), poisoned outputs, an attn_metadata, random conversion inputs, and
+a stand-in for a tensor of another device."""
 
 import ctypes
+import os
 import types
 
 import numpy as np
+import pytest
 
 POISON = -9
+
+# The backend the suite runs on (conftest.py): "host" with NumPy arrays, or
+# "cuda" with torch CUDA tensors.
+BACKEND = os.environ.get("SPARSE_MLA_TEST_BACKEND", "host")
+host_only = pytest.mark.skipif(BACKEND != "host", reason="about NumPy arrays and the host backend's own objects")
+gpu_only = pytest.mark.skipif(BACKEND == "host", reason="about a GPU backend's native streams, events and tensors")
+
+
+class Arrays:
+    """Puts NumPy data where the backend under test computes and reads results
+    back: on the host backend NumPy arrays themselves (the module views them
+    in place), on a GPU torch tensors of that device (torch's current stream
+    orders them; reading back waits for it). The tests build their inputs and
+    scalar models in NumPy and call the module with arrays(...) of them."""
+
+    def __init__(self, device):
+        self.device = device
+        self.host = device.backend == "host"
+        if not self.host:
+            import torch  # noqa: F401 (the module then defaults to torch's current stream)
+
+            self.torch = torch
+            self.where = torch.device("cuda", device.index)
+
+    def __call__(self, array):
+        """The backend's copy of a NumPy array (the array itself on the host)."""
+        if self.host:
+            return array
+        array = np.ascontiguousarray(array)
+        if array.dtype == np.uint16:  # bf16 bits: torch has no uint16 CUDA tensors to speak of
+            return self.torch.from_numpy(array.view(np.int16)).to(self.where)
+        return self.torch.from_numpy(array).to(self.where)
+
+    def poisoned(self, shape, dtype=np.int32, value=POISON):
+        return self(poisoned(shape, dtype, value))
+
+    def bf16(self, bits):
+        """bf16 data held as uint16 bits, as the module takes bfloat16."""
+        import sparse_mla
+
+        if self.host:
+            return sparse_mla.from_dlpack(bits, dtype="bfloat16")
+        return bits.view(self.torch.bfloat16) if isinstance(bits, self.torch.Tensor) else self(bits).view(self.torch.bfloat16)
+
+    def numpy(self, x):
+        """A result (a sparse_mla.Tensor, an array of this backend) as NumPy,
+        once the work that writes it is done."""
+        if self.host:
+            return np.asarray(x) if isinstance(x, np.ndarray) else np.from_dlpack(x)
+        self.torch.cuda.synchronize(self.where)
+        if isinstance(x, np.ndarray) or getattr(x, "kind", None) in ("pinned_host", "host"):
+            return np.asarray(x).copy()  # memory the CPU reaches
+        t = x if isinstance(x, self.torch.Tensor) else self.torch.from_dlpack(x)
+        if t.dtype == self.torch.bfloat16:
+            return t.view(self.torch.int16).cpu().numpy().view(np.uint16)
+        return t.cpu().numpy()
+
+    def bits(self, x):
+        """A bf16 buffer made by poisoned(..., np.uint16) as NumPy uint16 bits."""
+        return self.numpy(x).view(np.uint16)
+
+    def set(self, dst, index, values):
+        """dst[index] = values (NumPy values), in stream order."""
+        if self.host:
+            dst[index] = values
+        else:
+            dst[index] = self.torch.as_tensor(np.asarray(values, dtype=self.numpy_dtype(dst)), device=self.where)
+
+    def fill(self, x, value):
+        """Every element of x (an array of this backend or a library tensor) set to value."""
+        if self.host:
+            (x if isinstance(x, np.ndarray) else np.asarray(x))[...] = value
+        else:
+            (x if isinstance(x, self.torch.Tensor) else self.torch.from_dlpack(x)).fill_(value)
+
+    def data_ptr(self, x):
+        if self.host:
+            return x.__array_interface__["data"][0] if isinstance(x, np.ndarray) else x.data_ptr
+        return x.data_ptr() if isinstance(x, self.torch.Tensor) else x.data_ptr
+
+    def numpy_dtype(self, x):
+        return x.dtype if self.host else self.torch.empty(0, dtype=x.dtype).numpy().dtype
+
+    def foreign(self, array):
+        """Data the backend's kernels must refuse: a tensor of another device
+        on the host backend, host memory on a GPU; with the message's words."""
+        if self.host:
+            return OtherDeviceTensor(array)
+        return array
+
+    @property
+    def foreign_message(self):
+        return "lives on another device" if self.host else "cannot reach"
 
 
 def poisoned(shape, dtype=np.int32, value=POISON):

@@ -1,4 +1,5 @@
-"""Devices, streams and events as the module exposes them, on the host backend."""
+"""Devices, streams and events as the module exposes them on the host backend
+(test_torch.py has the GPU backends' native streams and events)."""
 
 import types
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 
 import sparse_mla
+from support import host_only
 
 
 def test_compiled_backends_list_host_first():
@@ -14,6 +16,7 @@ def test_compiled_backends_list_host_first():
     assert set(backends) <= {"host", "cuda", "hip"}
 
 
+@host_only
 def test_open_device_gives_one_device_per_backend_and_index(device):
     assert sparse_mla.open_device() is device
     assert sparse_mla.open_device("host", 0) is device
@@ -33,6 +36,7 @@ def test_open_device_says_why_a_backend_cannot_open():
         assert "not compiled" in sparse_mla.backend_unavailable_reason("cuda")
 
 
+@host_only
 def test_host_streams_run_queued_work_and_have_no_native_handle(device):
     stream = device.create_stream()
     assert stream.native_handle is None
@@ -41,6 +45,7 @@ def test_host_streams_run_queued_work_and_have_no_native_handle(device):
     stream.synchronize()
 
 
+@host_only
 def test_the_host_backend_refuses_to_wrap_native_streams_and_events(device):
     with pytest.raises(ValueError, match="host"):
         device.wrap_stream(0x1234)
@@ -52,6 +57,7 @@ def test_the_host_backend_refuses_to_wrap_native_streams_and_events(device):
         device.wrap_stream("not a stream")
 
 
+@host_only
 def test_events_order_one_stream_after_another(device):
     first, second = device.create_stream(), device.create_stream()
     event = first.record_event()
@@ -80,6 +86,7 @@ def test_activity_counts_allocations_frees_and_host_synchronizations(device):
     assert after["host_synchronizations"] - before["host_synchronizations"] >= 1
 
 
+@host_only
 def test_device_empty_allocates_library_memory_of_each_kind(device):
     for kind in ("device", "pinned_host", "host"):
         tensor = device.empty((3, 5), "int16", kind=kind)
@@ -93,6 +100,7 @@ def test_device_empty_allocates_library_memory_of_each_kind(device):
         device.empty((2,), "float64")
 
 
+@host_only
 def test_the_default_stream_of_the_host_device_is_its_library_stream(device):
     stream = device.default_stream()
     assert stream.native_handle is None and stream.device is device

@@ -1,5 +1,6 @@
-"""DLPack in both directions: NumPy arrays viewed in place, results handed back
-without a copy and kept alive by the objects that hold them."""
+"""DLPack in both directions with NumPy on the host backend: arrays viewed in
+place, results handed back without a copy and kept alive by the objects that
+hold them (test_torch.py does the same with torch CUDA tensors)."""
 
 import ctypes
 import gc
@@ -9,7 +10,9 @@ import pytest
 
 import sparse_mla
 from models import convert
-from support import OtherDeviceTensor, poisoned, random_conversion_inputs
+from support import OtherDeviceTensor, host_only, poisoned, random_conversion_inputs
+
+pytestmark = host_only
 
 
 def data_pointer(array):

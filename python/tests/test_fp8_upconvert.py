@@ -6,7 +6,7 @@ import pytest
 
 import sparse_mla
 from models import gather_upconvert, random_fp8_rows, upconvert_rows
-from support import OtherDeviceTensor
+from support import host_only
 
 BF16_POISON = 0xDEAD
 
@@ -26,29 +26,31 @@ def random_gather(rng, block_size, seq_lens, num_blocks, seq_starts=None):
 
 @pytest.mark.parametrize("block_size,seq_lens,fp8_format", [(64, [1, 65, 200], "e4m3fn"), (16, [33, 7], "e4m3fn"),
                                                            (1, [1, 17, 40], "e4m3fn"), (64, [90, 64], "e4m3fnuz")])
-def test_the_gather_upconvert_matches_the_model(rng, block_size, seq_lens, fp8_format):
+def test_the_gather_upconvert_matches_the_model(arrays, rng, block_size, seq_lens, fp8_format):
     fnuz = fp8_format == "e4m3fnuz"
     cache = random_paged_cache(rng, num_blocks=24, block_size=block_size, fnuz=fnuz)
     table, starts, total = random_gather(rng, block_size, seq_lens, 24)
-    dst = np.full((total, 576), BF16_POISON, np.uint16)
-    sparse_mla.cp_gather_and_upconvert_fp8_kv_cache(cache, sparse_mla.from_dlpack(dst, dtype="bfloat16"), table, starts,
+    dst = arrays.poisoned((total, 576), np.uint16, BF16_POISON)
+    sparse_mla.cp_gather_and_upconvert_fp8_kv_cache(arrays(cache), arrays.bf16(dst), arrays(table), arrays(starts),
                                                     len(seq_lens), fp8_format=fp8_format)
-    want = gather_upconvert(cache, table, starts, len(seq_lens), np.full_like(dst, BF16_POISON), fnuz=fnuz)
-    np.testing.assert_array_equal(dst, want)
+    want = gather_upconvert(cache, table, starts, len(seq_lens), np.full((total, 576), BF16_POISON, np.uint16),
+                            fnuz=fnuz)
+    np.testing.assert_array_equal(arrays.bits(dst), want)
 
 
-def test_seq_starts_pick_the_first_source_token_of_each_request(rng):
+def test_seq_starts_pick_the_first_source_token_of_each_request(arrays, rng):
     cache = random_paged_cache(rng, num_blocks=15, block_size=64)
     seq_lens, seq_starts = [70, 3, 100, 64], [0, 5, 64, 130]
     table, starts, total = random_gather(rng, 64, seq_lens, 15, seq_starts)
-    dst = np.full((total, 576), BF16_POISON, np.uint16)
-    sparse_mla.cp_gather_and_upconvert_fp8_kv_cache(cache, sparse_mla.from_dlpack(dst, dtype="bfloat16"), table, starts,
-                                                    4, seq_starts=np.array(seq_starts, np.int32))
-    want = gather_upconvert(cache, table, starts, 4, np.full_like(dst, BF16_POISON), seq_starts=seq_starts)
-    np.testing.assert_array_equal(dst, want)
+    dst = arrays.poisoned((total, 576), np.uint16, BF16_POISON)
+    sparse_mla.cp_gather_and_upconvert_fp8_kv_cache(arrays(cache), arrays.bf16(dst), arrays(table), arrays(starts), 4,
+                                                    seq_starts=arrays(np.array(seq_starts, np.int32)))
+    want = gather_upconvert(cache, table, starts, 4, np.full((total, 576), BF16_POISON, np.uint16),
+                            seq_starts=seq_starts)
+    np.testing.assert_array_equal(arrays.bits(dst), want)
 
 
-def test_the_host_backed_variant_reads_staged_rows_from_pinned_memory(device, rng):
+def test_the_host_backed_variant_reads_staged_rows_from_pinned_memory(device, arrays, rng):
     cache = random_paged_cache(rng, num_blocks=4, block_size=16)
     host_rows = random_fp8_rows(rng, 50)
     host_cache = device.empty((50, 656), "uint8", kind="pinned_host")
@@ -57,24 +59,25 @@ def test_the_host_backed_variant_reads_staged_rows_from_pinned_memory(device, rn
     host_row_ids = rng.integers(0, 50, size=32, dtype=np.int32)
     device_row_ids = np.where(rng.random(32) < 0.3, rng.integers(0, 64, size=32), -1).astype(np.int32)
     table = np.array([[1, 0]], np.int32)  # request 0: staged page 1, then page 0
-    dst = np.full((32, 576), BF16_POISON, np.uint16)
+    dst = arrays.poisoned((32, 576), np.uint16, BF16_POISON)
     sparse_mla.cp_gather_and_upconvert_fp8_kv_cache(
-        cache, sparse_mla.from_dlpack(dst, dtype="bfloat16"), table, np.array([0], np.int32), 1,
-        host_cache=host_cache, host_row_ids=host_row_ids, device_row_ids=device_row_ids)
+        arrays(cache), arrays.bf16(dst), arrays(table), arrays(np.array([0], np.int32)), 1,
+        host_cache=host_cache, host_row_ids=arrays(host_row_ids), device_row_ids=arrays(device_row_ids))
+    result = arrays.bits(dst)
     flat = cache.reshape(-1, 656)
     for row in range(32):
         staged = table[0, row // 16] * 16 + row % 16
         source = flat[device_row_ids[staged]] if device_row_ids[staged] >= 0 else host_rows[host_row_ids[staged]]
-        np.testing.assert_array_equal(dst[row], upconvert_rows(source)[0], err_msg=f"row {row}")
+        np.testing.assert_array_equal(result[row], upconvert_rows(source)[0], err_msg=f"row {row}")
     with pytest.raises(ValueError, match="host_cache is in host memory, expected pinned_host"):
         sparse_mla.cp_gather_and_upconvert_fp8_kv_cache(
-            cache, sparse_mla.from_dlpack(dst, dtype="bfloat16"), table, np.array([0], np.int32), 1,
-            host_cache=host_rows, host_row_ids=host_row_ids, device_row_ids=device_row_ids)
+            arrays(cache), arrays.bf16(dst), arrays(table), arrays(np.array([0], np.int32)), 1,
+            host_cache=host_rows, host_row_ids=arrays(host_row_ids), device_row_ids=arrays(device_row_ids))
 
 
-def rejections():
+def rejections(arrays):
     def dst_int16(a):
-        a["dst"] = a["bits"].view(np.int16)
+        a["dst"] = a["bits"].view(np.int16) if arrays.host else a["bits"]
 
     def dst_uint16(a):
         a["dst"] = a["bits"]
@@ -86,31 +89,32 @@ def rejections():
         a["batch_size"] = 3
 
     def wrong_device(a):
-        a["workspace_starts"] = OtherDeviceTensor(a["workspace_starts"])
+        a["workspace_starts"] = arrays.foreign(np.array([0, 10], np.int32))
 
     def bad_format(a):
         a["fp8_format"] = "e5m2"
 
-    return [
-        ("dst int16", TypeError, "dst has dtype I16, expected BF16", dst_int16),
-        ("dst uint16 bits", TypeError, "dst has dtype uint16, which no sparse_mla operation takes", dst_uint16),
-        ("rows of 640 bytes", ValueError, "bytes per fp8_ds_mla row", short_rows),
-        ("batch past the table", ValueError, "block_table has shape", too_few_table_rows),
-        ("wrong device", ValueError, "workspace_starts lives on another device", wrong_device),
-        ("unknown format", ValueError, "unknown fp8_format 'e5m2'", bad_format),
-    ]
+    return {
+        "dst int16": (TypeError, "dst has dtype I16, expected BF16", dst_int16),
+        "dst uint16 bits": (TypeError, "dst has dtype uint16, which no sparse_mla operation takes", dst_uint16),
+        "rows of 640 bytes": (ValueError, "bytes per fp8_ds_mla row", short_rows),
+        "batch past the table": (ValueError, "block_table has shape", too_few_table_rows),
+        "wrong device": (ValueError, "workspace_starts " + arrays.foreign_message, wrong_device),
+        "unknown format": (ValueError, "unknown fp8_format 'e5m2'", bad_format),
+    }
 
 
-@pytest.mark.parametrize("name,error,message,breaks", rejections(), ids=[r[0] for r in rejections()])
-def test_a_rejected_gather_raises_with_the_library_message_and_writes_nothing(rng, name, error, message, breaks):
-    cache = random_paged_cache(rng, num_blocks=4, block_size=16)
-    dst = np.full((20, 576), BF16_POISON, np.uint16)
-    args = dict(src_cache=cache, bits=dst, dst=sparse_mla.from_dlpack(dst, dtype="bfloat16"),
-                block_table=np.array([[0, 1], [2, 3]], np.int32), workspace_starts=np.array([0, 10], np.int32),
-                batch_size=2, fp8_format="e4m3fn")
+@pytest.mark.parametrize("name", ["dst int16", pytest.param("dst uint16 bits", marks=host_only), "rows of 640 bytes",
+                                  "batch past the table", "wrong device", "unknown format"])
+def test_a_rejected_gather_raises_with_the_library_message_and_writes_nothing(arrays, rng, name):
+    error, message, breaks = rejections(arrays)[name]
+    cache = arrays(random_paged_cache(rng, num_blocks=4, block_size=16))
+    bits = arrays.poisoned((20, 576), np.uint16, BF16_POISON)
+    args = dict(src_cache=cache, bits=bits, dst=arrays.bf16(bits), block_table=arrays(np.array([[0, 1], [2, 3]], np.int32)),
+                workspace_starts=arrays(np.array([0, 10], np.int32)), batch_size=2, fp8_format="e4m3fn")
     breaks(args)
     with pytest.raises(error, match=message):
         sparse_mla.cp_gather_and_upconvert_fp8_kv_cache(args["src_cache"], args["dst"], args["block_table"],
                                                         args["workspace_starts"], args["batch_size"],
                                                         fp8_format=args["fp8_format"])
-    assert (dst == BF16_POISON).all()
+    assert (arrays.bits(bits) == BF16_POISON).all()

@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Builds the `cuda` preset against an installed CUDA-enabled Kokkos and
-# checks the build on the GPU: every test, the golden files, the synthetic
-# schedules (plain and HiSparse), the tests under compute-sanitizer, then the
-# benchmark and the copy floors. Logs go to OUT_DIR.
+# Builds a CUDA preset against an installed CUDA-enabled Kokkos and checks
+# the build on the GPU: every test, the golden files, the synthetic
+# schedules (plain and HiSparse), the tests under compute-sanitizer, the
+# benchmark and the copy floors, and (with PYTHON) the Python module's
+# suite on torch CUDA tensors and the captured-graph check beside the
+# reference engine's conversion. Logs go to OUT_DIR.
 #   bash tools/ci/gpu-check.sh KOKKOS_PREFIX OUT_DIR [bench options...]
-# Environment: DEPS_PREFIX (more CMake prefixes, ';'-separated: GoogleTest,
-# CLI11, nlohmann-json where the machine lacks them), WERROR (ON by default),
-# REFERENCE_SPARSE_UTILS (vLLM's sparse_utils.py: also time the reference
-# engine's conversion beside ours in one Python process, with
-# REFERENCE_PYTHON, python3 by default, which needs torch and Triton; the
-# Kokkos must then be built with position-independent code).
-# Used for the H200 runs recorded in docs/PERFORMANCE.md.
+# Environment:
+#   PRESET                 cuda (default) or cuda-portable (the device primitives' portable forms)
+#   STAGES                 which stages run, of: build tests sanitizers bench reference python
+#                          (default: all of them; build is needed by the others once per tree)
+#   DEPS_PREFIX            more CMake prefixes, ';'-separated: GoogleTest, CLI11,
+#                          nlohmann-json where the machine lacks them
+#   WERROR                 ON by default
+#   REFERENCE_SPARSE_UTILS vLLM's sparse_utils.py: time the reference engine's conversion
+#                          beside ours in one Python process (reference stage) and check the
+#                          Python module against it (python stage); the Kokkos must then be
+#                          built with position-independent code
+#   PYTHON                 the interpreter with torch and Triton (default python3) for the
+#                          module, the reference and the python stage
+# Used for the GPU runs recorded in docs/PERFORMANCE.md.
 set -uo pipefail
 kokkos=${1:?Kokkos prefix}
 out=${2:?output folder}
@@ -19,7 +28,10 @@ cd "$(dirname "$0")/../.."
 mkdir -p "$out"
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 status=0
-stage() { echo "== $1"; }
+preset=${PRESET:-cuda}
+stages=" ${STAGES:-build tests sanitizers bench reference python} "
+python=${PYTHON:-${REFERENCE_PYTHON:-python3}}
+want() { [[ "$stages" == *" $1 "* ]]; }
 run() {  # run NAME CMD...: log to OUT_DIR/NAME.log, remember failures
   local name=$1; shift
   local start=$SECONDS
@@ -31,23 +43,32 @@ run() {  # run NAME CMD...: log to OUT_DIR/NAME.log, remember failures
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
-run configure cmake --preset cuda -DKokkos_ROOT="$kokkos" "-DCMAKE_PREFIX_PATH=$kokkos;${DEPS_PREFIX:-}" \
-  -DSPARSE_MLA_WERROR="${WERROR:-ON}"
-run build cmake --build --preset cuda -j "$(nproc)" -- -k 0
-grep -E "error|warning" "$out/build.log" | head -n 40
-cli=build/cuda/bin/sparse-mla
+build=build/$preset
+cli=$build/bin/sparse-mla
+if want build; then
+  run configure cmake --preset "$preset" -DKokkos_ROOT="$kokkos" "-DCMAKE_PREFIX_PATH=$kokkos;${DEPS_PREFIX:-}" \
+    -DSPARSE_MLA_WERROR="${WERROR:-ON}" -DSPARSE_MLA_PYTHON="$(command -v "$python" || echo "$python")"
+  run build cmake --build --preset "$preset" -j "$(nproc)" -- -k 0
+  grep -E "error|warning" "$out/build.log" | head -n 40
+fi
 run info "$cli" info
-run ctest ctest --preset cuda -j 4 --timeout 300
-grep -E "tests passed|Failed|Skipped" "$out/ctest.log" | tail -n 15
-run golden "$cli" validate --backend cuda --golden tests/data/golden/*.safetensors
-run synthetic "$cli" validate --backend cuda --synthetic --layers 61 --index-every 4 --requests 16 --topk 256 --block-size 64 --steps 12 --json
-run synthetic-hisparse "$cli" validate --backend cuda --synthetic --hisparse --layers 8 --index-every 4 --requests 8 --topk 128 --hot-slots 256 --block-size 64 --context 4096 --steps 40 --json
+cat "$out/info.log"
+if want tests; then
+  # The python label is the python stage's (torch CUDA tensors), below.
+  run ctest ctest --preset "$preset" -j 4 --timeout 300 --label-exclude python
+  grep -E "tests passed|Failed|Skipped" "$out/ctest.log" | tail -n 15
+  run golden "$cli" validate --backend cuda --golden tests/data/golden/*.safetensors
+  run synthetic "$cli" validate --backend cuda --synthetic --layers 61 --index-every 4 --requests 16 --topk 256 --block-size 64 --steps 12 --json
+  run synthetic-hisparse "$cli" validate --backend cuda --synthetic --hisparse --layers 8 --index-every 4 --requests 8 --topk 128 --hot-slots 256 --block-size 64 --context 4096 --steps 40 --json
+fi
 # compute-sanitizer, where the toolkit has it: memcheck over every CUDA
 # test (API errors are not reported: some tests provoke them on purpose, an
 # impossible allocation, elapsed time on events that never ran), racecheck
 # and synccheck over the kernel tests. Any hazard fails the check.
-if command -v compute-sanitizer >/dev/null; then
-  for t in build/cuda/bin/*_test; do
+if ! want sanitizers; then
+  :
+elif command -v compute-sanitizer >/dev/null; then
+  for t in "$build"/bin/*_test; do
     # A binary without CUDA tests never touches the GPU, which the sanitizer reports as an error.
     [ "$("$t" --gtest_list_tests --gtest_filter='*/cuda' | grep -c '/cuda')" -gt 0 ] || continue
     run "memcheck-$(basename "$t")" compute-sanitizer --tool memcheck --leak-check no --report-api-errors no \
@@ -56,7 +77,7 @@ if command -v compute-sanitizer >/dev/null; then
   for t in topk_convert_test topk_convert_dcp_test fp8_upconvert_test hisparse_resolve_test hisparse_rows_test; do
     for tool in racecheck synccheck; do
       run "$tool-$t" timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 \
-        "build/cuda/bin/$t" --gtest_filter='*/cuda' --gtest_brief=1
+        "$build/bin/$t" --gtest_filter='*/cuda' --gtest_brief=1
     done
   done
   grep -h "SUMMARY" "$out"/memcheck-*.log "$out"/racecheck-*.log "$out"/synccheck-*.log | sort | uniq -c
@@ -65,30 +86,49 @@ else
 fi
 # One bench process per group of cases, each bounded in time, so that one
 # slow case cannot cost the others their numbers.
-for cases in ceiling floor convert upconvert group-step resolve swap-in pinned-gather miss-gather; do
-  run "bench-$cases" timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^$cases/" "$@"
-  sed -n '/^case/,$p' "$out/bench-$cases.log"
-done
-# The DCP conversion (SPEC section 2a) at the issue's split: 8 ranks,
-# interleave 1, compacted, beside the plain conversion in the same process.
-run bench-convert-dcp timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^convert" \
-  --dcp-size 8 --dcp-rank 3 --dcp-interleave 1 --compact "$@"
-sed -n '/^case/,$p' "$out/bench-convert-dcp.log"
-# Plain CUDA kernels that only move the cases' bytes (tools/bench).
-if [ -x build/cuda/bin/sparse-mla-floors ]; then
-  run floors build/cuda/bin/sparse-mla-floors
-  cat "$out/floors.log"
+if want bench; then
+  for cases in ceiling floor convert upconvert group-step resolve swap-in pinned-gather miss-gather; do
+    run "bench-$cases" timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^$cases/" "$@"
+    sed -n '/^case/,$p' "$out/bench-$cases.log"
+  done
+  # The DCP conversion (SPEC section 2a) at the issue's split: 8 ranks,
+  # interleave 1, compacted, beside the plain conversion in the same process.
+  run bench-convert-dcp timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^convert" \
+    --dcp-size 8 --dcp-rank 3 --dcp-interleave 1 --compact "$@"
+  sed -n '/^case/,$p' "$out/bench-convert-dcp.log"
+  # Plain CUDA kernels that only move the cases' bytes (tools/bench).
+  if [ -x "$build/bin/sparse-mla-floors" ]; then
+    run floors "$build/bin/sparse-mla-floors"
+    cat "$out/floors.log"
+  fi
 fi
 # The reference engine's Triton conversion and ours, timed in one process by
 # one method (tools/bench/reference_convert.py --ours).
-if [ -n "${REFERENCE_SPARSE_UTILS:-}" ]; then
-  run ctypes-build cmake --build --preset cuda --target sparse-mla-convert-ctypes
-  run reference timeout "${REFERENCE_TIMEOUT:-600}" "${REFERENCE_PYTHON:-python3}" tools/bench/reference_convert.py \
-    "$REFERENCE_SPARSE_UTILS" --ours build/cuda/lib/libsparse-mla-convert-ctypes.so --rounds 2
+if want reference && [ -n "${REFERENCE_SPARSE_UTILS:-}" ]; then
+  run ctypes-build cmake --build --preset "$preset" --target sparse-mla-convert-ctypes
+  run reference timeout "${REFERENCE_TIMEOUT:-600}" "$python" tools/bench/reference_convert.py \
+    "$REFERENCE_SPARSE_UTILS" --ours "$build/lib/libsparse-mla-convert-ctypes.so" --rounds 2
   cat "$out/reference.log"
-  run reference-dcp timeout "${REFERENCE_TIMEOUT:-600}" "${REFERENCE_PYTHON:-python3}" tools/bench/reference_convert.py \
-    "$REFERENCE_SPARSE_UTILS" --ours build/cuda/lib/libsparse-mla-convert-ctypes.so --rounds 2 \
+  run reference-dcp timeout "${REFERENCE_TIMEOUT:-600}" "$python" tools/bench/reference_convert.py \
+    "$REFERENCE_SPARSE_UTILS" --ours "$build/lib/libsparse-mla-convert-ctypes.so" --rounds 2 \
     --dcp-size 8 --dcp-rank 3 --dcp-interleave 1 --compact
   cat "$out/reference-dcp.log"
+fi
+# The Python module on torch CUDA tensors (python/tests with
+# SPARSE_MLA_TEST_BACKEND=cuda), then the seed's protocol from Python in a
+# torch.cuda.graph capture beside the reference's conversion.
+if want python; then
+  if [ ! -d "$build/python" ] || ! ls "$build"/python/sparse_mla*.so >/dev/null 2>&1; then
+    echo "python: the module was not built (see $out/configure.log)"
+    status=1
+  else
+    run python-suite env SPARSE_MLA_TEST_BACKEND=cuda PYTHONPATH="$build/python" "$python" -m pytest -q -p no:cacheprovider \
+      python/tests
+    tail -n 3 "$out/python-suite.log"
+    if [ -n "${REFERENCE_SPARSE_UTILS:-}" ]; then
+      run python-graph env PYTHONPATH="$build/python" "$python" tools/bench/python_graph_check.py "$REFERENCE_SPARSE_UTILS"
+      cat "$out/python-graph.log"
+    fi
+  fi
 fi
 exit $status
