@@ -424,7 +424,7 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
     // Eight 160-thread teams an SM, which the compiler fits without spills
     // (ten teams an SM spill). Outputs several times the size of a GPU's L2
     // (Hopper's is 50 MB) are stored streaming.
-    const Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<160, 8>> policy(space, teams, team);
+    const Kokkos::TeamPolicy<Space, MeasuredLaunchBounds<Space, 160, 8>> policy(space, teams, team);
     constexpr std::int64_t streaming_output_bytes = std::int64_t{256} << 20;
     if (std::int64_t{a.total_rows} * 2 * upconverted_row_width > streaming_output_bytes) {
       launch(policy, std::integral_constant<Shape, Shape::many_pages_streaming>{});

@@ -295,9 +295,12 @@ struct HiSparseResolve {
       h[u] = -1;
       w[u] = hisparse::empty_word;
     }
+    // Every position of the bucket is looked at (no early exit), so that the
+    // loop unrolls and the bucket stays in registers.
     probe_keys(s, g, [&](int u, std::int32_t b, const Bucket& k) {
       bool done = false;
-      for (int i = 0; i < hisparse::bucket && !done; ++i) {
+      for (int i = 0; i < hisparse::bucket; ++i) {
+        if (done) continue;
         if (k.word[i] == hisparse::empty_word) {
           done = true;
         } else if (k.key[i] == g[u]) {
@@ -325,7 +328,8 @@ struct HiSparseResolve {
     probe_keys(s, g, [&](int u, std::int32_t b, const Bucket& k) {
       const auto entry = static_cast<std::uint32_t>(j[u]);
       bool done = false;
-      for (int i = 0; i < hisparse::bucket && !done; ++i) {
+      for (int i = 0; i < hisparse::bucket; ++i) {  // no early exit, as in find_keys
+        if (done) continue;
         std::uint32_t word = k.word[i];
         std::int32_t key = k.key[i];
         if (word == empty) {

@@ -29,6 +29,23 @@ constexpr int warp_lanes() {
   return is_host_space<Space> ? 1 : 32;
 }
 
+// Whether Space is Kokkos::Cuda.
+template <class Space>
+constexpr bool is_cuda_space =
+#if defined(KOKKOS_ENABLE_CUDA)
+    std::is_same<Space, Kokkos::Cuda>::value;
+#else
+    false;
+#endif
+
+// Launch bounds measured on CUDA: `MinTeams` teams of `Threads` an SM, which
+// caps the registers a thread may use (docs/PERFORMANCE.md has the figures).
+// Elsewhere only the team size is bounded: AMD's compiler reads the same
+// minimum as a register cap for an occupancy the kernel was not written for
+// (gfx90a: 64 VGPRs, and spills), and no AMD GPU has measured a better one.
+template <class Space, unsigned Threads, unsigned MinTeams>
+using MeasuredLaunchBounds = Kokkos::LaunchBounds<Threads, is_cuda_space<Space> ? MinTeams : 1>;
+
 KOKKOS_INLINE_FUNCTION bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
 }
@@ -52,17 +69,54 @@ inline int exact_log2(std::int32_t n) {
   return -1;
 }
 
+// What a split keeps: the shift, the size, or both (a kernel's parameters
+// stay as small as they were for the first two).
 template <SplitBy By>
-struct BlockSplit {
+struct SplitFields {
   std::int32_t size;
   std::int32_t shift;  // log2(size), or -1
+};
+template <>
+struct SplitFields<SplitBy::shift> {
+  std::int32_t shift;
+};
+template <>
+struct SplitFields<SplitBy::divide> {
+  std::int32_t size;
+};
 
-  static BlockSplit of(std::int32_t size) { return BlockSplit{size, exact_log2(size)}; }
-  KOKKOS_INLINE_FUNCTION bool shifts() const { return By == SplitBy::shift || (By == SplitBy::either && shift >= 0); }
-  KOKKOS_INLINE_FUNCTION std::int32_t block(std::int32_t x) const { return shifts() ? x >> shift : x / size; }
-  KOKKOS_INLINE_FUNCTION std::int64_t block(std::int64_t x) const { return shifts() ? x >> shift : x / size; }
+template <SplitBy By>
+struct BlockSplit : SplitFields<By> {
+  static BlockSplit of(std::int32_t size) {
+    BlockSplit split{};
+    if constexpr (By != SplitBy::divide) split.shift = exact_log2(size);
+    if constexpr (By != SplitBy::shift) split.size = size;
+    return split;
+  }
+  KOKKOS_INLINE_FUNCTION bool shifts() const {
+    if constexpr (By == SplitBy::either) return this->shift >= 0;
+    return By == SplitBy::shift;
+  }
+  template <class T>
+  KOKKOS_INLINE_FUNCTION T divide(T x) const {
+    if constexpr (By == SplitBy::shift) {
+      return x >> this->shift;
+    } else if constexpr (By == SplitBy::divide) {
+      return x / this->size;
+    } else {
+      return this->shift >= 0 ? x >> this->shift : x / this->size;
+    }
+  }
+  KOKKOS_INLINE_FUNCTION std::int32_t block(std::int32_t x) const { return divide(x); }
+  KOKKOS_INLINE_FUNCTION std::int64_t block(std::int64_t x) const { return divide(x); }
   KOKKOS_INLINE_FUNCTION std::int32_t offset(std::int32_t x) const {
-    return shifts() ? x & ((std::int32_t{1} << shift) - 1) : x % size;
+    if constexpr (By == SplitBy::shift) {
+      return x & ((std::int32_t{1} << this->shift) - 1);
+    } else if constexpr (By == SplitBy::divide) {
+      return x % this->size;
+    } else {
+      return this->shift >= 0 ? x & ((std::int32_t{1} << this->shift) - 1) : x % this->size;
+    }
   }
 };
 using BlockShift = BlockSplit<SplitBy::shift>;
@@ -92,11 +146,10 @@ struct FastDivide {
 // Calls f(split) with the cheapest split for `block_size` (> 0).
 template <class F>
 void with_block_split(std::int32_t block_size, F&& f) {
-  const BlockSplit<SplitBy::either> split = BlockSplit<SplitBy::either>::of(block_size);
-  if (split.shifts()) {
-    f(BlockShift{split.size, split.shift});
+  if (BlockSplit<SplitBy::either>::of(block_size).shifts()) {
+    f(BlockShift::of(block_size));
   } else {
-    f(BlockDivide{split.size, split.shift});
+    f(BlockDivide::of(block_size));
   }
 }
 
