@@ -27,7 +27,12 @@ class KokkosKernels final : public Kernels {
   using space = typename Exec::execution_space;
 
   const char* execution_space() const override { return space::name(); }
-  void bind(Stream& stream) const override { Exec::bind(stream); }
+  void bind(Stream& stream) const override {
+    Exec::bind(stream);
+    if constexpr (!is_host_space<space>) {
+      Exec::launch(stream, [](const space& s) { kernels::claim_team_scratch_pool(s); });
+    }
+  }
 
   void fill_i32(Stream& stream, const FillI32Args& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::fill_i32(s, a); });

@@ -27,4 +27,20 @@ void reserve_team_scratch(const Space& space, std::size_t bytes) {
   Kokkos::parallel_for("sparse_mla::reserve_team_scratch", policy, ReserveTeamScratch{});
 }
 
+// Kokkos 4.6 (CUDA and HIP) gives every team launch an entry of the
+// instance's level-1 scratch pool and, where that entry has never held any,
+// allocates what the launch asks for, nothing included: a size-0 device
+// allocation (and a Kokkos Tools allocation event) on every launch of a
+// kernel without level-1 scratch. One launch that takes level-1 scratch when
+// a stream is bound gives the entry a size, which every later launch from
+// the thread that drives the stream finds there (a thread takes entry 0).
+constexpr std::size_t claimed_team_scratch_bytes = 256;
+
+template <class Space>
+void claim_team_scratch_pool(const Space& space) {
+  Kokkos::TeamPolicy<Space> policy(space, 1, 1);
+  policy.set_scratch_size(1, Kokkos::PerTeam(claimed_team_scratch_bytes));
+  Kokkos::parallel_for("sparse_mla::claim_team_scratch_pool", policy, ReserveTeamScratch{});
+}
+
 }  // namespace sparse_mla::kernels
