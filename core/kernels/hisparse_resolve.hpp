@@ -295,12 +295,12 @@ struct HiSparseResolve {
       h[u] = -1;
       w[u] = hisparse::empty_word;
     }
-    // Every position of the bucket is looked at (no early exit), so that the
-    // loop unrolls and the bucket stays in registers.
+    // The bucket loops leave by `break`, not by their condition: clang then
+    // unrolls them whole and keeps the bucket in registers (with `&& !done`
+    // in the condition it kept it in scratch memory on gfx90a).
     probe_keys(s, g, [&](int u, std::int32_t b, const Bucket& k) {
       bool done = false;
       for (int i = 0; i < hisparse::bucket; ++i) {
-        if (done) continue;
         if (k.word[i] == hisparse::empty_word) {
           done = true;
         } else if (k.key[i] == g[u]) {
@@ -308,6 +308,7 @@ struct HiSparseResolve {
           w[u] = k.word[i];
           done = true;
         }
+        if (done) break;
       }
       return done;
     });
@@ -328,8 +329,7 @@ struct HiSparseResolve {
     probe_keys(s, g, [&](int u, std::int32_t b, const Bucket& k) {
       const auto entry = static_cast<std::uint32_t>(j[u]);
       bool done = false;
-      for (int i = 0; i < hisparse::bucket; ++i) {  // no early exit, as in find_keys
-        if (done) continue;
+      for (int i = 0; i < hisparse::bucket; ++i) {  // leaves by break, as in find_keys
         std::uint32_t word = k.word[i];
         std::int32_t key = k.key[i];
         if (word == empty) {
@@ -338,7 +338,7 @@ struct HiSparseResolve {
             ++added;
             h[u] = b + i;
             done = true;
-            continue;
+            break;
           }
           key = s.host_rows[word];  // in this pass a word is empty or an entry index
         }
@@ -346,6 +346,7 @@ struct HiSparseResolve {
           if (entry < word) device::atomic_min(&s.words[b + i], entry);
           h[u] = b + i;
           done = true;
+          break;
         }
       }
       return done;

@@ -258,17 +258,17 @@ inline constexpr std::int32_t team_exclusive_sum_words = 32;
 // the team's sum, on every thread. Every thread of the team calls it (it has
 // a barrier). `totals` (team_exclusive_sum_words of team scratch) is written
 // before the barrier and read after it: consecutive calls take alternate
-// buffers, so that one barrier a call suffices. A team of one thread sums
-// nothing.
+// buffers, so that one barrier a call suffices. A team of one thread (host
+// spaces) sums nothing.
 template <class Member>
 KOKKOS_INLINE_FUNCTION std::uint32_t team_exclusive_sum(const Member& team, std::uint32_t* totals, std::uint32_t value,
                                                         std::uint32_t& total) {
-  if (team.team_size() == 1) {
-    total = value;
-    return 0;
-  }
   if constexpr (form == Form::portable) {
     (void)totals;
+    if (team.team_size() == 1) {
+      total = value;
+      return 0;
+    }
     team.team_barrier();
     const std::uint32_t before = team.team_scan(value);
     std::uint32_t sum = value;

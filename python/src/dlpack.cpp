@@ -386,6 +386,14 @@ py::object result_object(const std::shared_ptr<DeviceHandle>& device, const Tens
   return py::cast(export_view(device, view, std::move(owner), std::move(producer)));
 }
 
+namespace {
+// A torch.Tensor (or a subclass from torch: nn.Parameter).
+bool is_torch_tensor(const py::handle& object) {
+  const py::object module = py::type::handle_of(object).attr("__module__");
+  return py::isinstance<py::str>(module) && module.cast<std::string>().rfind("torch", 0) == 0;
+}
+}  // namespace
+
 TensorArg import_tensor(const py::handle& object, const char* name, DeviceHandle& device, Stream& stream) {
   TensorArg arg;
   arg.object = py::reinterpret_borrow<py::object>(object);
@@ -407,9 +415,15 @@ TensorArg import_tensor(const py::handle& object, const char* name, DeviceHandle
   const dl::DLDevice where = dlpack_device_of_object(object, name);
   py::object producer_stream = py::none();
   if (on_gpu_of(where, device)) {
+    // The consumer stream for the producer's handshake, or -1 (DLPack: no
+    // synchronisation) for a torch tensor of a call that runs on torch's own
+    // current stream, where torch's handshake would cost a stream object, an
+    // event and a wait per tensor and order nothing.
     void* native = stream.native_handle();
     const std::intptr_t legacy = device.backend() == Backend::hip ? 0 : 1;
-    producer_stream = py::int_(native != nullptr ? reinterpret_cast<std::intptr_t>(native) : legacy);
+    producer_stream = py::int_(is_torch_tensor(object) && runs_on_torchs_current_stream(stream) ? -1
+                               : native != nullptr               ? reinterpret_cast<std::intptr_t>(native)
+                                                                 : legacy);
   }
   Consumed c = consume(object, name, producer_stream);
   const DType dtype = dtype_or_type_error(c.dtype, name);

@@ -149,8 +149,18 @@ void* native_handle_of(const py::handle& handle, const char* attribute) {
                        std::string(py::str(py::type::handle_of(handle).attr("__name__"))));
 }
 
+namespace {
+thread_local bool torch_current_known = false;
+thread_local void* torch_current = nullptr;
+}  // namespace
+
+bool runs_on_torchs_current_stream(const Stream& stream) {
+  return torch_current_known && stream.native_handle() == torch_current;
+}
+
 CallStream resolve_stream(const std::shared_ptr<DeviceHandle>& device, const py::object& stream) {
   CallStream call;
+  torch_current_known = false;
   if (py::isinstance<PyStream>(stream)) {
     call.ref = stream.cast<std::shared_ptr<PyStream>>();
     return call;
@@ -176,6 +186,8 @@ CallStream resolve_stream(const std::shared_ptr<DeviceHandle>& device, const py:
         // torch without a GPU build: the library stream.
       }
       if (found) {
+        torch_current_known = true;
+        torch_current = native;
         const std::shared_ptr<Stream>& wrapped = device->wrapped_stream(native);
         call.ref = std::make_shared<PyStream>(PyStream{device, wrapped, wrapped.get()});
         return call;
@@ -193,13 +205,20 @@ std::shared_ptr<DeviceHandle> call_device(const py::object& device, const py::ob
     return device.cast<std::shared_ptr<DeviceHandle>>();
   }
   if (py::isinstance<PyStream>(stream)) return stream.cast<std::shared_ptr<PyStream>>()->device;
+  // The first tensor of a GPU decides; host memory among GPU tensors is then
+  // that argument's error ("is in host memory, which cuda kernels cannot
+  // reach"), not the GPU tensors' ("lives on another device").
+  std::pair<std::string, int> first{"host", 0};
+  bool any = false;
   for (const py::handle& t : tensors) {
     if (t.is_none()) continue;
     if (!py::isinstance<PyTensor>(t) && !py::hasattr(t, "__dlpack_device__")) continue;  // import_tensor says what it is
-    const auto [backend, index] = backend_of_dlpack_device(t);
-    return open_device_handle(backend, index);
+    auto where = backend_of_dlpack_device(t);
+    if (where.first != "host") return open_device_handle(where.first, where.second);
+    if (!any) first = std::move(where);
+    any = true;
   }
-  return open_device_handle("host", 0);
+  return open_device_handle(first.first, first.second);
 }
 
 void register_streams(py::module_& m) {

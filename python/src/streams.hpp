@@ -90,6 +90,12 @@ struct CallStream {
   void finish() const;
 };
 
+// Whether `stream` is the stream torch reported as its current one when this
+// thread's call in progress resolved its stream (resolve_stream). A tensor
+// imported for a call that runs on torch's own current stream needs no DLPack
+// stream handshake: torch's writes and the call are in one stream's order.
+bool runs_on_torchs_current_stream(const Stream& stream);
+
 // The opened device (backend, index), one per process.
 std::shared_ptr<DeviceHandle> open_device_handle(const std::string& backend, int index);
 // Drops the devices open_device cached (at interpreter exit, before the

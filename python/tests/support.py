@@ -102,7 +102,12 @@ class Arrays:
 
     @property
     def foreign_message(self):
-        return "lives on another device" if self.host else "cannot reach"
+        """The refusal, as a regex group: on the host backend a tensor of another
+        device (which decides the call's device where it comes first among GPU
+        tensors: then that backend is not compiled in); on a GPU host memory."""
+        if self.host:
+            return "(?:lives on another device|the cuda backend is not compiled into this build)"
+        return "(?:is in host memory, which cuda kernels cannot reach)"
 
 
 def poisoned(shape, dtype=np.int32, value=POISON):

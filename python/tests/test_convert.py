@@ -108,7 +108,7 @@ def rejections(arrays):
         ("counts out without counts", ValueError, "valid_counts_out given but return_valid_counts is false",
          counts_out_without_counts),
         ("out too small", ValueError, "out has shape", out_too_small),
-        ("out of a dtype no call takes", TypeError, "out has dtype (uint32|float32)", out_wrong_dtype),
+        ("out of a dtype no call takes", TypeError, "out has dtype (uint32|F32)", out_wrong_dtype),
         ("bad dcp rank", ValueError, "rank", bad_dcp_rank),
     ]
 
