@@ -75,6 +75,8 @@ void SparseMLAIndexGroup::set_logical_topk_ready(int layer_index, Stream& comput
   logical_topk_ready_->record(compute);
 }
 
+bool SparseMLAIndexGroup::prepare_reads_batch(int /*layer_index*/) const { return false; }
+
 void SparseMLAIndexGroup::prepare_for_batch(int layer_index, const BatchMetadata& /*batch*/, Stream& compute) {
   check_layer("prepare_for_batch", layer_index, compute);
 }
@@ -176,6 +178,7 @@ TopkConversion SparseMLAIndexGroup::workspace_rows_view(std::int64_t num_tokens,
 // ---- The plain group's hooks ----
 
 void SparseMLAIndexGroup::check_decode_step(const StepCall& call) const {
+  if (!call.leader()) return;  // a follower reads no batch (convert_reads_batch)
   const Tensor counts = counts_written(call) ? valid_counts_workspace() : Tensor();
   check_convert_through(call, call.batch.req_id_per_token, call.batch.block_table, physical_workspace(), counts);
 }

@@ -295,7 +295,7 @@ void set_logical_topk_ready(const PyGroup& g, int layer_index, const py::object&
 void prepare_for_batch(const PyGroup& g, int layer_index, const py::object& attn_metadata, const py::object& stream) {
   const CallStream call = resolve_stream(g.device(), stream);
   BatchArgs args;
-  read_batch(attn_metadata, *g.device(), call.get(), args);
+  if (g.group().prepare_reads_batch(layer_index)) read_batch(attn_metadata, *g.device(), call.get(), args);
   g.group().prepare_for_batch(layer_index, args.batch, call.get());
   call.finish();
 }
@@ -311,7 +311,8 @@ py::object convert_logical_to_physical_topk(const PyGroup& g, int layer_index, c
   const TensorArg o = import_tensor(out, "out", dev, s);
   const TensorArg vo = import_tensor(valid_counts_out, "valid_counts_out", dev, s);
   BatchArgs args;
-  read_batch(attn_metadata, dev, s, args);
+  const std::int64_t rows = logical.tensor.rank() == 2 ? logical.tensor.dim(0) : 0;
+  if (logical.tensor.rank() != 2 || g.group().convert_reads_batch(layer_index, rows)) read_batch(attn_metadata, dev, s, args);
   const std::int64_t stride = block_stride_rows.is_none() ? 0 : block_stride_rows.cast<std::int64_t>();
   TopkConversion conversion = g.group().convert_logical_to_physical_topk(layer_index, s, logical.tensor, args.batch, stride,
                                                                          return_valid_counts, o.tensor, vo.tensor);

@@ -51,6 +51,7 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   int register_layer(const LayerConfig& config = {}) override;
   // The leader checks the step's HiSparse tables (batch.hisparse).
   void prepare_for_batch(int layer_index, const BatchMetadata& batch, Stream& compute) override;
+  bool prepare_reads_batch(int layer_index) const override { return layer_index == 0; }
   // convert_logical_to_physical_topk (the base's protocol), HiSparse's part:
   // Decode-sized: the leader resolves batch rows [0, T) once on the side
   // stream (into physical_workspace: attention indices, and

@@ -84,6 +84,16 @@ class SparseMLAIndexGroup {
   // tables).
   virtual void prepare_for_batch(int layer_index, const BatchMetadata& batch, Stream& compute);
 
+  // Whether a call reads the BatchMetadata it is given, so that a binding
+  // builds one only where it is read. prepare_for_batch: a HiSparse leader.
+  // convert_logical_to_physical_topk with `num_tokens` rows: a prefill-sized
+  // call, and the leader's decode-sized call; a follower's decode-sized call
+  // only waits for what its leader converted.
+  virtual bool prepare_reads_batch(int layer_index) const;
+  bool convert_reads_batch(int layer_index, std::int64_t num_tokens) const {
+    return layer_index == 0 || !is_decode_sized(num_tokens);
+  }
+
   // Step 3: physical rows for `logical_topk` (int32 [T, K], at most max_tokens
   // rows: normally the first T rows of the logical top-k buffer).
   // Decode-sized (T <= max_decode_rows + 1): the leader converts once on the
