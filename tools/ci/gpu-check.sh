@@ -125,6 +125,8 @@ if want python; then
     run python-suite env SPARSE_MLA_TEST_BACKEND=cuda PYTHONPATH="$build/python" "$python" -m pytest -q -p no:cacheprovider \
       python/tests
     tail -n 3 "$out/python-suite.log"
+    run python-overhead env PYTHONPATH="$build/python" "$python" tools/bench/python_call_overhead.py --backend cuda
+    cat "$out/python-overhead.log"
     if [ -n "${REFERENCE_SPARSE_UTILS:-}" ]; then
       run python-graph env PYTHONPATH="$build/python" "$python" tools/bench/python_graph_check.py "$REFERENCE_SPARSE_UTILS"
       cat "$out/python-graph.log"
