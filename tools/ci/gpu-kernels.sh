@@ -69,6 +69,7 @@ check_skips() {
     # aborted, Not Run, ...), then the output of the failed ones.
     sed -n '/tests passed/,$p' "$log" | head -n 40
     grep -B2 -A40 -E "\*\*\*(Failed|Timeout|Exception|Not Run)|Subprocess aborted|Child aborted" "$log" | head -n 150
+    tail -n 30 "$log"  # what ctest said last (a test list that could not be discovered ends here)
     echo "tests of $build failed (full log: $log)"
     return 1
   fi
