@@ -245,6 +245,8 @@ TEST_P(HiSparseGroupTest, FollowersAndMissingTablesAreRefusedBeforeAnythingIsQue
   EXPECT_NE(error_of([&] { (void)g.convert_logical_to_physical_topk(1, *e.compute, logical, batch, 0, true); })
                 .find("before the leader (layer 0) resolved"),
             std::string::npos);
+  EXPECT_TRUE(g.prepare_reads_batch(0));  // the leader checks the step's HiSparse tables
+  EXPECT_FALSE(g.prepare_reads_batch(1));
   EXPECT_NE(error_of([&] { g.prepare_for_batch(0, batch, *e.compute); }).find("batch.hisparse is null"), std::string::npos);
   EXPECT_NE(error_of([&] { (void)g.convert_logical_to_physical_topk(0, *e.compute, logical, batch, 0, true); })
                 .find("batch.hisparse is null"),

@@ -340,6 +340,42 @@ TEST_P(IndexGroupTest, DecodeResultsAreViewsOfTheGroupWorkspace) {
   EXPECT_EQ(group.conversion_counts().decode, 1u);
 }
 
+// Which calls read their batch (what a binding must build): the leader's
+// conversion and every prefill-sized one; a follower of a decode-sized step
+// reads none, so an empty batch gives it the leader's rows; a plain group's
+// prepare_for_batch reads none.
+TEST_P(IndexGroupTest, OnlyTheLeaderAndPrefillSizedCallsReadTheBatch) {
+  auto compute = device->create_stream();
+  auto rng = seeded_rng(12);
+  Model m = make_model(device, index_every(3, 3), 16, 64, 4);
+  SparseMLAIndexGroup& group = *m.builder->groups()[0];
+  EXPECT_FALSE(group.prepare_reads_batch(0));
+  EXPECT_FALSE(group.prepare_reads_batch(1));
+  EXPECT_TRUE(group.convert_reads_batch(0, 5));
+  EXPECT_FALSE(group.convert_reads_batch(1, 5));  // 5 rows: max_decode_rows + 1, decode-sized
+  EXPECT_TRUE(group.convert_reads_batch(1, 6));   // prefill-sized
+  const Tables t = random_tables(*device, *compute, rng, 3, 2, 2, 8);
+  group.set_logical_topk_ready(0, *compute);
+  group.prepare_for_batch(0, BatchMetadata{}, *compute);
+  const TopkConversion leader = group.convert_logical_to_physical_topk(0, *compute, m.logical_buffer.rows(0, 3),
+                                                                       t.batch, 0, true);
+  for (int layer = 1; layer < 3; ++layer) {
+    group.prepare_for_batch(layer, BatchMetadata{}, *compute);
+    const TopkConversion follower = group.convert_logical_to_physical_topk(layer, *compute, m.logical_buffer.rows(0, 3),
+                                                                           BatchMetadata{}, 0, true);
+    EXPECT_EQ(follower.physical.data(), leader.physical.data());
+    EXPECT_EQ(follower.valid_counts.data(), leader.valid_counts.data());
+  }
+  // The leader still checks the batch it reads.
+  EXPECT_NE(error_of([&] {
+              (void)group.convert_logical_to_physical_topk(0, *compute, m.logical_buffer.rows(0, 3), BatchMetadata{}, 0,
+                                                           true);
+            }).find("req_id"),
+            std::string::npos);
+  compute->synchronize();
+  EXPECT_EQ(group.conversion_counts().decode, 1u);
+}
+
 TEST_P(IndexGroupTest, PrefillSizedBatchesConvertOnEveryCall) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(3);
