@@ -103,10 +103,11 @@ class Arrays:
     @property
     def foreign_message(self):
         """The refusal, as a regex group: on the host backend a tensor of another
-        device (which decides the call's device where it comes first among GPU
-        tensors: then that backend is not compiled in); on a GPU host memory."""
+        device, or, where that tensor decides the call's device (the first GPU
+        tensor does), why that device cannot open (its backend is not compiled
+        in, or the machine has no such GPU); on a GPU host memory."""
         if self.host:
-            return "(?:lives on another device|the cuda backend is not compiled into this build)"
+            return "(?:lives on another device|the cuda backend is not compiled into this build|no CUDA device)"
         return "(?:is in host memory, which cuda kernels cannot reach)"
 
 
