@@ -15,16 +15,20 @@ struct ReserveTeamScratch {
   KOKKOS_INLINE_FUNCTION void operator()(const Member&) const {}
 };
 
-// One team of one thread asking for `bytes` per team, at the level a step
-// kernel asking for as much would use.
+// One team of one thread asking for `bytes` of level-`level` scratch.
+template <class Space>
+void launch_asking_for_scratch(const Space& space, int level, std::size_t bytes) {
+  Kokkos::TeamPolicy<Space> policy(space, 1, 1);
+  policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
+  Kokkos::parallel_for("sparse_mla::reserve_team_scratch", policy, ReserveTeamScratch{});
+}
+
+// `bytes` per team, at the level a step kernel asking for as much would use.
 template <class Space>
 void reserve_team_scratch(const Space& space, std::size_t bytes) {
   if (bytes == 0) return;
-  using policy_type = Kokkos::TeamPolicy<Space>;
-  const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
-  policy_type policy(space, 1, 1);
-  policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
-  Kokkos::parallel_for("sparse_mla::reserve_team_scratch", policy, ReserveTeamScratch{});
+  const int level = bytes <= static_cast<std::size_t>(Kokkos::TeamPolicy<Space>::scratch_size_max(0)) ? 0 : 1;
+  launch_asking_for_scratch(space, level, bytes);
 }
 
 // Kokkos 4.6 (CUDA and HIP) gives every team launch an entry of the
@@ -38,9 +42,7 @@ constexpr std::size_t claimed_team_scratch_bytes = 256;
 
 template <class Space>
 void claim_team_scratch_pool(const Space& space) {
-  Kokkos::TeamPolicy<Space> policy(space, 1, 1);
-  policy.set_scratch_size(1, Kokkos::PerTeam(claimed_team_scratch_bytes));
-  Kokkos::parallel_for("sparse_mla::claim_team_scratch_pool", policy, ReserveTeamScratch{});
+  launch_asking_for_scratch(space, 1, claimed_team_scratch_bytes);
 }
 
 }  // namespace sparse_mla::kernels

@@ -311,8 +311,9 @@ py::object convert_logical_to_physical_topk(const PyGroup& g, int layer_index, c
   const TensorArg o = import_tensor(out, "out", dev, s);
   const TensorArg vo = import_tensor(valid_counts_out, "valid_counts_out", dev, s);
   BatchArgs args;
+  // A logical top-k of another rank is refused by the library, batch or not.
   const std::int64_t rows = logical.tensor.rank() == 2 ? logical.tensor.dim(0) : 0;
-  if (logical.tensor.rank() != 2 || g.group().convert_reads_batch(layer_index, rows)) read_batch(attn_metadata, dev, s, args);
+  if (g.group().convert_reads_batch(layer_index, rows)) read_batch(attn_metadata, dev, s, args);
   const std::int64_t stride = block_stride_rows.is_none() ? 0 : block_stride_rows.cast<std::int64_t>();
   TopkConversion conversion = g.group().convert_logical_to_physical_topk(layer_index, s, logical.tensor, args.batch, stride,
                                                                          return_valid_counts, o.tensor, vo.tensor);

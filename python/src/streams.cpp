@@ -205,20 +205,16 @@ std::shared_ptr<DeviceHandle> call_device(const py::object& device, const py::ob
     return device.cast<std::shared_ptr<DeviceHandle>>();
   }
   if (py::isinstance<PyStream>(stream)) return stream.cast<std::shared_ptr<PyStream>>()->device;
-  // The first tensor of a GPU decides; host memory among GPU tensors is then
-  // that argument's error ("is in host memory, which cuda kernels cannot
-  // reach"), not the GPU tensors' ("lives on another device").
-  std::pair<std::string, int> first{"host", 0};
-  bool any = false;
+  // The first tensor of a GPU decides, else the host; host memory among GPU
+  // tensors is then that argument's error ("is in host memory, which cuda
+  // kernels cannot reach"), not the GPU tensors' ("lives on another device").
   for (const py::handle& t : tensors) {
     if (t.is_none()) continue;
     if (!py::isinstance<PyTensor>(t) && !py::hasattr(t, "__dlpack_device__")) continue;  // import_tensor says what it is
-    auto where = backend_of_dlpack_device(t);
-    if (where.first != "host") return open_device_handle(where.first, where.second);
-    if (!any) first = std::move(where);
-    any = true;
+    const auto [backend, index] = backend_of_dlpack_device(t);
+    if (backend != "host") return open_device_handle(backend, index);
   }
-  return open_device_handle(first.first, first.second);
+  return open_device_handle("host", 0);
 }
 
 void register_streams(py::module_& m) {
