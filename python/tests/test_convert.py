@@ -71,7 +71,7 @@ def test_the_prefill_workspace_variant_matches_the_model(arrays, rng):
 
 
 def rejections(arrays):
-    """(case name, exception, message fragment, how to break the arguments)."""
+    """Case name: (exception, message fragment, how to break the arguments)."""
     def wrong_dtype(a):
         a["token_indices"] = arrays(a["token_indices"].astype(np.int16))
 
@@ -99,27 +99,25 @@ def rejections(arrays):
     def bad_dcp_rank(a):
         a["dcp_size"], a["dcp_rank"] = 2, 2
 
-    return [
-        ("wrong dtype", TypeError, "logical top-k has dtype I16, expected I32", wrong_dtype),
-        ("wrong shape", ValueError, "block_table has shape", wrong_shape),
-        ("short req_id", ValueError, "req_id has shape", short_req_id),
-        ("non-contiguous rows", ValueError, "is not row-contiguous", non_contiguous_rows),
-        ("wrong device", ValueError, arrays.foreign_message, wrong_device),
-        ("counts out without counts", ValueError, "valid_counts_out given but return_valid_counts is false",
-         counts_out_without_counts),
-        ("out too small", ValueError, "out has shape", out_too_small),
-        ("out of a dtype no call takes", TypeError, "out has dtype (uint32|F32)", out_wrong_dtype),
-        ("bad dcp rank", ValueError, "rank", bad_dcp_rank),
-    ]
+    return {
+        "wrong dtype": (TypeError, "logical top-k has dtype I16, expected I32", wrong_dtype),
+        "wrong shape": (ValueError, "block_table has shape", wrong_shape),
+        "short req_id": (ValueError, "req_id has shape", short_req_id),
+        "non-contiguous rows": (ValueError, "is not row-contiguous", non_contiguous_rows),
+        "wrong device": (ValueError, arrays.foreign_message, wrong_device),
+        "counts out without counts": (ValueError, "valid_counts_out given but return_valid_counts is false",
+                                      counts_out_without_counts),
+        "out too small": (ValueError, "out has shape", out_too_small),
+        "out of a dtype no call takes": (TypeError, "out has dtype (uint32|F32)", out_wrong_dtype),
+        "bad dcp rank": (ValueError, "rank", bad_dcp_rank),
+    }
 
 
-REJECTIONS = ["wrong dtype", "wrong shape", "short req_id", "non-contiguous rows", "wrong device",
-              "counts out without counts", "out too small", "out of a dtype no call takes", "bad dcp rank"]
-
-
-@pytest.mark.parametrize("name", REJECTIONS)
+@pytest.mark.parametrize("name", ["wrong dtype", "wrong shape", "short req_id", "non-contiguous rows", "wrong device",
+                                  "counts out without counts", "out too small", "out of a dtype no call takes",
+                                  "bad dcp rank"])
 def test_a_rejected_conversion_raises_with_the_library_message_and_writes_nothing(arrays, rng, name):
-    (_, error, message, breaks), = [r for r in rejections(arrays) if r[0] == name]
+    error, message, breaks = rejections(arrays)[name]
     req_id, table, logical = random_conversion_inputs(rng, T=8, K=64)
     out, counts_out = arrays.poisoned((8, 64)), arrays.poisoned(8)
     args = dict(req_id=req_id, block_table=table, token_indices=logical, out=out, valid_counts_out=counts_out,
