@@ -385,8 +385,9 @@ struct HiSparseResolve {
       for (std::int32_t h = i; h < hash_size(); h += G) s.words[h] = hisparse::empty_word;
       // Pass 3 reads these two barriers from now: bring them to this SM's L1
       // while the table loads are in flight (after the entry loads, which
-      // must not wait for the state). A hint where the device has it.
-      if (device::form == device::Form::cuda && prefetch) {
+      // must not wait for the state). A hint where the device has one
+      // (device::prefetch_l1), nothing elsewhere.
+      if (prefetch) {
         for (std::int32_t k = i; k < slot_groups(); k += G) {
           device::prefetch_l1(slot_rows + k * S);
           device::prefetch_l1(lru + k * S);
