@@ -113,6 +113,21 @@ stage_hip() {
   "$build/bin/sparse-mla" info || return 1
 }
 
+# make_driver_stub DIR BUILD: DIR/libcuda.so.1 defining every driver function
+# (cu...) that BUILD's binaries and libraries import, and those cudart looks up
+# first, each returning CUDA_ERROR_STUB_LIBRARY (34).
+make_driver_stub() {
+  local dir=$1 build=$2 file symbols
+  mkdir -p "$dir"
+  symbols=$(find "$build" -type f \( -path "*/bin/*" -o -name "*.so*" \) | while read -r file; do
+    nm -D --undefined-only "$file" 2>/dev/null || true
+  done | awk '$2 ~ /^cu[A-Z]/ { sub(/@.*/, "", $2); print $2 }')
+  for file in $symbols cuInit cuDriverGetVersion cuGetProcAddress cuGetProcAddress_v2; do
+    echo "int $file(void) { return 34; }"
+  done | sort -u > "$dir/libcuda_stub.c"
+  cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$dir/libcuda.so.1" "$dir/libcuda_stub.c"
+}
+
 stage_cuda() {
   local nvcc
   nvcc=$(command -v nvcc || true)
@@ -138,16 +153,15 @@ stage_cuda() {
   cmake --build "$build" -j "$jobs" > "$build.build.log" 2>&1 || { grep -E "error|warning" "$build.build.log" | head -n 30; return 1; }
   echo "cuda: every kernel compiled for sm_90 with -Werror in $((SECONDS - start)) s"
   python3 tools/ci/gpu-resources.py cuda "$build" --out "$build/resources.md" || return 1
-  # The toolkit has no driver: its stub libcuda, reachable as libcuda.so.1,
-  # lets the binaries load (every driver call answers cudaErrorStubLibrary).
-  local stubs=$work/cuda-stubs cuda_root
-  cuda_root=$(dirname "$(dirname "$nvcc")")
-  mkdir -p "$stubs"
-  ln -sf "$cuda_root/lib64/stubs/libcuda.so" "$stubs/libcuda.so.1"
+  # Kokkos links the driver (libcuda.so.1), which a machine without a GPU
+  # lacks, and a toolkit's own stub of it is not always installed: a stub
+  # built here, whose every call answers CUDA_ERROR_STUB_LIBRARY, lets the
+  # binaries load and cudart report "CUDA driver is a stub library".
   if ldconfig -p 2>/dev/null | grep -q "libcuda.so.1 "; then
     echo "cuda: this machine has a CUDA driver; the tests below may run instead of skipping"
   else
-    export LD_LIBRARY_PATH=$stubs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    make_driver_stub "$work/cuda-stub" "$build" || return 1
+    export LD_LIBRARY_PATH=$work/cuda-stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   fi
   check_skips "$build" || return 1
   "$build/bin/sparse-mla" info || return 1
