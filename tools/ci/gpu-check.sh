@@ -87,10 +87,14 @@ fi
 # One bench process per group of cases, each bounded in time, so that one
 # slow case cannot cost the others their numbers.
 if want bench; then
-  for cases in ceiling floor convert upconvert group-step resolve swap-in pinned-gather miss-gather; do
-    run "bench-$cases" timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^$cases/" "$@"
+  for cases in ceiling floor convert upconvert group-step resolve swap-in model-step pinned-gather miss-gather; do
+    run "bench-$cases" timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^$cases/" \
+      --json-file "$out/bench-$cases.json" "$@"
     sed -n '/^case/,$p' "$out/bench-$cases.log"
   done
+  # The HiSparse hit-rate sweep of a whole decode step: table and plot.
+  run hisparse-sweep python3 tools/bench/plot_hisparse.py "$out/bench-model-step.json" --png "$out/hisparse-sweep.png"
+  cat "$out/hisparse-sweep.log"
   # The DCP conversion (SPEC section 2a) at the split: 8 ranks,
   # interleave 1, compacted, beside the plain conversion in the same process.
   run bench-convert-dcp timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^convert" \
@@ -100,6 +104,11 @@ if want bench; then
   if [ -x "$build/bin/sparse-mla-floors" ]; then
     run floors "$build/bin/sparse-mla-floors"
     cat "$out/floors.log"
+  fi
+  # The HiSparse swap-in beside SGLang's kernel for it (tools/bench/resolve_vs_sglang.cpp).
+  if [ -x "$build/bin/sparse-mla-resolve-vs-sglang" ]; then
+    run resolve-vs-sglang timeout "${BENCH_TIMEOUT:-150}" "$build/bin/sparse-mla-resolve-vs-sglang"
+    cat "$out/resolve-vs-sglang.log"
   fi
 fi
 # The reference engine's Triton conversion and ours, timed in one process by

@@ -5,6 +5,7 @@
 // kernel is never timed: the case fails and the exit code is 1). Method:
 // bench_timing.hpp; cases: bench_*.cpp; output: bench_report.hpp.
 #include <algorithm>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <regex>
@@ -33,6 +34,7 @@ struct BenchOptions {
   int device = 0;
   bool quick = false;
   bool json = false;
+  std::string json_file;  // --json-file: the JSON also goes here, the table to stdout
   bool list = false;
   std::vector<std::string> filters;
   int repeat = 0;         // 0: 20, or 5 with --quick
@@ -71,6 +73,7 @@ std::vector<CaseSpec> select_cases(const BenchOptions& o, const BenchConfig& con
   add_upconvert_cases(all, config);
   add_group_cases(all, config);
   add_hisparse_cases(all, config);
+  add_model_step_cases(all, config);
   add_gather_cases(all, config);
   add_floor_cases(all, config);  // derived from the cases above
   std::vector<std::regex> filters;
@@ -170,6 +173,11 @@ int run_bench(const BenchOptions& o) {
     return exit_ok;
   }
 
+  std::ofstream json_file;  // opened before the run, so that a path it cannot write fails at once
+  if (!o.json_file.empty()) {
+    json_file.open(o.json_file);
+    if (!json_file) fail("bench --json-file", "cannot open '", o.json_file, "' for writing");
+  }
   auto stream = device->create_stream();
   std::vector<CaseResult> results;
   {
@@ -180,6 +188,10 @@ int run_bench(const BenchOptions& o) {
     print_json(std::cout, s.run, results);
   } else {
     print_table(std::cout, s.run, results);
+  }
+  if (json_file.is_open()) {
+    print_json(json_file, s.run, results);
+    if (!json_file.flush()) fail("bench --json-file", "cannot write '", o.json_file, "'");
   }
   const bool failed = std::any_of(results.begin(), results.end(),
                                   [](const CaseResult& r) { return r.outcome.rfind("FAILED", 0) == 0; });
@@ -195,6 +207,7 @@ void add_bench(CLI::App& app, Commands& commands) {
   bench->add_option("--device", options->device, "Device index")->capture_default_str()->check(CLI::Range(0, 1023));
   bench->add_flag("--quick", options->quick, "A run of seconds: fewer replays, small rotation, the large shapes shrunk");
   bench->add_flag("--json", options->json, "Print the results as JSON on stdout");
+  bench->add_option("--json-file", options->json_file, "Also write the results as JSON to this file");
   bench->add_flag("--list", options->list, "List the cases (after --filter) and exit");
   bench->add_option("--filter", options->filters, "Run only cases whose name matches this regular expression (repeatable)");
   bench->add_option("--repeat", options->repeat, "Timed replays per case (default 20, --quick 5)")->check(CLI::Range(1, 100000));

@@ -90,6 +90,7 @@ void add_convert_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
 void add_upconvert_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
 void add_group_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
 void add_hisparse_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
+void add_model_step_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
 void add_gather_cases(std::vector<CaseSpec>& cases, const BenchConfig& config);
 
 }  // namespace sparse_mla::cli

@@ -1,7 +1,7 @@
 // The HiSparse swap-in (SPEC section 5): the residency resolve alone at 1,
 // 32 and 128 request rows (top-k 2048, 4096 hot slots, 50% hits), and the
 // whole swap-in (resolve, then the row gather from the pinned host pool) at
-// 0, 50, 90 and 100% hits. bench_hisparse_rig.hpp explains how each timed
+// 0, 50, 90, 99 and 100% hits. bench_hisparse_rig.hpp explains how each timed
 // launch gets its exact hit rate; after the timed replays the device's hit
 // and miss counters must show exactly that rate.
 //
@@ -66,10 +66,6 @@ class SwapInCase final : public BenchCase {
   std::vector<std::int64_t> counters_before_;
 };
 
-std::int32_t fixed_for(int hit_percent) {
-  return static_cast<std::int32_t>(std::lround(HiSparseShape::top_k * hit_percent / 100.0));
-}
-
 }  // namespace
 
 void add_hisparse_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
@@ -77,15 +73,15 @@ void add_hisparse_cases(std::vector<CaseSpec>& cases, const BenchConfig& config)
     const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows);
     cases.push_back({"resolve/rows=" + std::to_string(rows), std::to_string(rows) + " rows, K=2048, H=4096, 50% hit",
                      Ceiling::device_copy, false,
-                     [rows, seed] { return std::make_unique<SwapInCase>(rows, fixed_for(50), false, seed); }});
+                     [rows, seed] { return std::make_unique<SwapInCase>(rows, fixed_for_hits(50), false, seed); }});
   }
   const std::int32_t rows = config.quick ? 8 : 32;
-  for (const int hits : {0, 50, 90, 100}) {
+  for (const int hits : {0, 50, 90, 99, 100}) {
     const std::uint64_t seed = config.seed + 1000 + static_cast<std::uint64_t>(hits);
     cases.push_back({"swap-in/rows=" + std::to_string(rows) + ",hits=" + std::to_string(hits),
                      std::to_string(rows) + " rows, resolve+gather, " + std::to_string(hits) + "% hit",
                      Ceiling::pinned_copy, false,
-                     [rows, hits, seed] { return std::make_unique<SwapInCase>(rows, fixed_for(hits), true, seed); }});
+                     [rows, hits, seed] { return std::make_unique<SwapInCase>(rows, fixed_for_hits(hits), true, seed); }});
   }
 }
 

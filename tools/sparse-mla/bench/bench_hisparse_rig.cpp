@@ -55,8 +55,8 @@ std::string compare_pool_row(const std::vector<std::uint8_t>& hot_cache, std::in
   return "";
 }
 
-HiSparseRig::HiSparseRig(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed)
-    : rows_(rows), fixed_(fixed), with_pool_(with_pool), seed_(seed) {}
+HiSparseRig::HiSparseRig(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed, bool rotate_outputs)
+    : rows_(rows), fixed_(fixed), with_pool_(with_pool), seed_(seed), rotate_outputs_(rotate_outputs) {}
 
 int HiSparseRig::min_sets() const {
   const std::int32_t rotating = K - fixed_;
@@ -68,7 +68,7 @@ int HiSparseRig::min_sets() const {
 
 std::size_t HiSparseRig::set_bytes() const {
   const auto entries = static_cast<std::size_t>(rows_) * K;
-  const std::size_t indices = 5 * entries * 4 + 2 * static_cast<std::size_t>(rows_) * 4;
+  const std::size_t indices = rotate_outputs_ ? 5 * entries * 4 + 2 * static_cast<std::size_t>(rows_) * 4 : entries * 4;
   const std::size_t pool = with_pool_ ? static_cast<std::size_t>(rows_) * static_cast<std::size_t>(K - fixed_) * row_bytes : 0;
   return indices + pool;
 }
@@ -76,6 +76,7 @@ std::size_t HiSparseRig::set_bytes() const {
 std::size_t HiSparseRig::fixed_bytes() const {
   const auto rows = static_cast<std::size_t>(rows_);
   std::size_t bytes = rows * H * 6;
+  if (!rotate_outputs_) bytes += 4 * rows * K * 4 + 2 * rows * 4;
   if (with_pool_) bytes += (1 + rows * HiSparseShape::hot_blocks_per_row) * block * row_bytes + rows * fixed_ * row_bytes;
   return bytes;
 }
@@ -121,15 +122,17 @@ void HiSparseRig::setup(Device& device, Stream& stream, int sets) {
   slot_rows_ = device.allocate(static_cast<std::size_t>(rows_) * H * 4, MemoryKind::device);
   lru_ = device.allocate(static_cast<std::size_t>(rows_) * H * 2, MemoryKind::device);
   state_ = {Tensor::of(slot_rows_, DType::i32, {rows_, H}), Tensor::of(lru_, DType::i16, {rows_, H})};
+  reset_state(device, stream);
 
   const auto per_set = static_cast<std::size_t>(rows_) * K;
+  const auto output_sets = static_cast<std::size_t>(rotate_outputs_ ? sets : 1);
   logical_ = device.allocate(per_set * static_cast<std::size_t>(sets) * 4, MemoryKind::device);
   for (int s = 0; s < sets; ++s) upload_to(device, stream, logical_, per_set * static_cast<std::size_t>(s) * 4, selection(s));
   for (Buffer* b : {&hot_indices_, &attention_, &swap_host_, &swap_device_}) {
-    *b = device.allocate(per_set * static_cast<std::size_t>(sets) * 4, MemoryKind::device);
+    *b = device.allocate(per_set * output_sets * 4, MemoryKind::device);
   }
-  valid_ = device.allocate(static_cast<std::size_t>(rows_) * static_cast<std::size_t>(sets) * 4, MemoryKind::device);
-  swap_counts_ = device.allocate(static_cast<std::size_t>(rows_) * static_cast<std::size_t>(sets) * 4, MemoryKind::device);
+  valid_ = device.allocate(static_cast<std::size_t>(rows_) * output_sets * 4, MemoryKind::device);
+  swap_counts_ = device.allocate(static_cast<std::size_t>(rows_) * output_sets * 4, MemoryKind::device);
   if (with_pool_) {
     pool_ = device.allocate(static_cast<std::size_t>(host_rows * row_bytes), MemoryKind::pinned_host);
     fill_pool(device, stream, pool_, seed_);
@@ -138,8 +141,14 @@ void HiSparseRig::setup(Device& device, Stream& stream, int sets) {
   }
 
   const std::int64_t all_rows = static_cast<std::int64_t>(rows_) * sets;
+  const std::int64_t all_output_rows = static_cast<std::int64_t>(rows_) * static_cast<std::int64_t>(output_sets);
   auto rows_of = [&](const Buffer& b, int s) {
     return Tensor::of(b, DType::i32, {all_rows, K}).rows(std::int64_t{s} * rows_, std::int64_t{s + 1} * rows_);
+  };
+  auto output_rows_of = [&](const Buffer& b, std::int64_t columns, int s) {
+    const std::int64_t first = rotate_outputs_ ? std::int64_t{s} * rows_ : 0;
+    const Tensor all = columns > 1 ? Tensor::of(b, DType::i32, {all_output_rows, columns}) : Tensor::of(b, DType::i32, {all_output_rows});
+    return all.rows(first, first + rows_);
   };
   for (int s = 0; s < sets; ++s) {
     HiSparseResolveInputs in;
@@ -153,12 +162,12 @@ void HiSparseRig::setup(Device& device, Stream& stream, int sets) {
     in.hot_block_size = block;
     inputs_.push_back(in);
     HiSparseResolveOutputs out;
-    out.hot_indices = rows_of(hot_indices_, s);
-    out.attention_indices = rows_of(attention_, s);
-    out.swap_host_rows = rows_of(swap_host_, s);
-    out.swap_device_rows = rows_of(swap_device_, s);
-    out.valid_counts = Tensor::of(valid_, DType::i32, {all_rows}).rows(std::int64_t{s} * rows_, std::int64_t{s + 1} * rows_);
-    out.swap_counts = Tensor::of(swap_counts_, DType::i32, {all_rows}).rows(std::int64_t{s} * rows_, std::int64_t{s + 1} * rows_);
+    out.hot_indices = output_rows_of(hot_indices_, K, s);
+    out.attention_indices = output_rows_of(attention_, K, s);
+    out.swap_host_rows = output_rows_of(swap_host_, K, s);
+    out.swap_device_rows = output_rows_of(swap_device_, K, s);
+    out.valid_counts = output_rows_of(valid_, 1, s);
+    out.swap_counts = output_rows_of(swap_counts_, 1, s);
     out.hit_miss_counters = Tensor::of(counters_, DType::i64, {2});
     outputs_.push_back(out);
   }
@@ -171,9 +180,8 @@ void HiSparseRig::resolve(Stream& stream, int set) {
 
 void HiSparseRig::gather(Stream& stream, int set) {
   const auto s = static_cast<std::size_t>(set);
-  const std::int64_t hot_blocks = 1 + static_cast<std::int64_t>(rows_) * HiSparseShape::hot_blocks_per_row;
   HiSparseGatherTensors t{Tensor::of(pool_, DType::u8, {static_cast<std::int64_t>(pool_.bytes()) / row_bytes, row_bytes}),
-                          Tensor::of(hot_cache_, DType::u8, {hot_blocks, block, row_bytes}), outputs_[s].swap_host_rows,
+                          Tensor::of(hot_cache_, DType::u8, {hot_cache_blocks(), block, row_bytes}), outputs_[s].swap_host_rows,
                           outputs_[s].swap_device_rows, outputs_[s].swap_counts};
   gather_hisparse(stream, t, rows_);
 }
@@ -182,10 +190,14 @@ std::vector<std::int64_t> HiSparseRig::counters(Device& device, Stream& stream) 
   return download_from<std::int64_t>(device, stream, counters_, 0, 2);
 }
 
-std::string HiSparseRig::check(Device& device, Stream& stream) {
+void HiSparseRig::reset_state(Device& device, Stream& stream) {
   const reference::HiSparseState empty(rows_, H);
   upload_to(device, stream, slot_rows_, 0, empty.slot_rows);
   upload_to(device, stream, lru_, 0, empty.lru);
+}
+
+std::string HiSparseRig::check(Device& device, Stream& stream) {
+  reset_state(device, stream);
   const auto entries = static_cast<std::size_t>(rows_) * K;
   for (Buffer* b : {&hot_indices_, &attention_, &swap_host_, &swap_device_}) stream.fill(*b, 0, 0xA5, entries * 4);
   stream.fill(valid_, 0, 0xA5, static_cast<std::size_t>(rows_) * 4);
@@ -243,12 +255,20 @@ std::string HiSparseRig::compare_rows(Device& device, Stream& stream) {
     if (diff.empty()) diff = compare_row("lru", r, &lru[std::size_t(r) * H], state.lru.data(), H);
     if (!diff.empty()) return diff;
   }
-  if (!with_pool_) return "";
-  const auto cache = download_from<std::uint8_t>(device, stream, hot_cache_, 0, hot_cache_.bytes());
+  return with_pool_ ? check_gathered(device, stream, hot_cache_, seed_, 0) : "";
+}
+
+std::string HiSparseRig::check_gathered(Device& device, Stream& stream, const Buffer& hot_cache, std::uint64_t pool_seed,
+                                        std::int64_t pool_row_offset) {
+  const auto entries = static_cast<std::size_t>(rows_) * K;
+  const auto swap_host = download_from<std::int32_t>(device, stream, swap_host_, 0, entries);
+  const auto swap_device = download_from<std::int32_t>(device, stream, swap_device_, 0, entries);
+  const auto swaps = download_from<std::int32_t>(device, stream, swap_counts_, 0, static_cast<std::size_t>(rows_));
+  const auto cache = download_from<std::uint8_t>(device, stream, hot_cache, 0, hot_cache.bytes());
   for (std::int32_t r = 0; r < rows_; ++r) {
     for (std::int32_t m = 0; m < swaps[std::size_t(r)]; ++m) {
       const std::size_t e = static_cast<std::size_t>(r) * K + static_cast<std::size_t>(m);
-      std::string diff = compare_pool_row(cache, swap_device[e], swap_host[e], seed_);
+      std::string diff = compare_pool_row(cache, swap_device[e], pool_row_offset + swap_host[e], pool_seed);
       if (!diff.empty()) return diff;
     }
   }

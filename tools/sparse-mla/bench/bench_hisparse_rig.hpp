@@ -37,6 +37,11 @@ inline constexpr std::int32_t block = HiSparseShape::block_size;
 inline constexpr std::int64_t row_bytes = HiSparseShape::row_bytes;
 }  // namespace hisparse_shape
 
+// The fixed part of a selection that gives `hit_percent` hits in steady state.
+inline std::int32_t fixed_for_hits(int hit_percent) {
+  return static_cast<std::int32_t>((static_cast<std::int64_t>(HiSparseShape::top_k) * hit_percent + 50) / 100);
+}
+
 // Word `i` (8 bytes) of a benchmark's host pool.
 inline std::uint64_t pool_word(std::uint64_t seed, std::uint64_t i) { return BenchRng(seed ^ (i * 0xD1B54A32D192ED03ULL)).next(); }
 
@@ -50,8 +55,10 @@ std::string compare_pool_row(const std::vector<std::uint8_t>& hot_cache, std::in
 class HiSparseRig {
  public:
   // rows: request rows of the batch; fixed: hits per row in steady state;
-  // with_pool: allocate the host pool and the hot cache (for the gather).
-  HiSparseRig(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed);
+  // with_pool: allocate the host pool and the hot cache (for the gather);
+  // rotate_outputs: every rotation set has its own outputs (else the sets
+  // share one, for a case whose many rigs would not fit otherwise).
+  HiSparseRig(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed, bool rotate_outputs = true);
 
   // Sets a cycle of `sets` steps needs for the designed hit rate.
   int min_sets() const;
@@ -60,6 +67,7 @@ class HiSparseRig {
   std::uint64_t misses_per_launch() const { return static_cast<std::uint64_t>(rows_) * (HiSparseShape::top_k - fixed_); }
   std::uint64_t hits_per_launch() const { return static_cast<std::uint64_t>(rows_) * fixed_; }
 
+  // Allocates and fills the sets' inputs; the slot state starts empty.
   void setup(Device& device, Stream& stream, int sets);
   void resolve(Stream& stream, int set);
   void gather(Stream& stream, int set);
@@ -67,17 +75,30 @@ class HiSparseRig {
   // there is a pool) and compares the first and last rows with the scalar
   // model of tools/validation/reference and the gathered rows with the pool.
   std::string check(Device& device, Stream& stream);
+  // After check(): "" when every row that set 0 swapped in is, in
+  // `hot_cache` (laid out as the rig's own), host row `pool_row_offset` + g of
+  // a pool filled by fill_pool(pool_seed).
+  std::string check_gathered(Device& device, Stream& stream, const Buffer& hot_cache, std::uint64_t pool_seed,
+                             std::int64_t pool_row_offset);
   // Hits and misses added to the group counters so far.
   std::vector<std::int64_t> counters(Device& device, Stream& stream);
 
+  // After setup: the outputs of a set (its swap lists), the host pool's rows
+  // and the hot cache's blocks the rig's tables address.
+  const HiSparseResolveOutputs& outputs(int set) const { return outputs_[static_cast<std::size_t>(set)]; }
+  std::int64_t host_rows() const { return static_cast<std::int64_t>(rows_) * context_blocks_ * HiSparseShape::block_size; }
+  std::int64_t hot_cache_blocks() const { return 1 + static_cast<std::int64_t>(rows_) * HiSparseShape::hot_blocks_per_row; }
+
  private:
   std::vector<std::int32_t> selection(int set) const;  // [rows, top_k]
+  void reset_state(Device& device, Stream& stream);
   std::string compare_rows(Device& device, Stream& stream);
 
   std::int32_t rows_;
   std::int32_t fixed_;
   bool with_pool_;
   std::uint64_t seed_;
+  bool rotate_outputs_;
   int sets_ = 0;
   std::int32_t context_blocks_ = 0;  // source blocks per request
   std::vector<std::int32_t> source_table_;

@@ -38,6 +38,9 @@ struct RunInfo {
 
 // GB/s of the ceiling a case is compared with (0 when it was not measured).
 double ceiling_gbps(const std::vector<CaseResult>& results, Ceiling ceiling);
+// Microseconds a case's bytes take at its ceiling: the time it cannot beat
+// (0 when the ceiling was not measured).
+double floor_us(const std::vector<CaseResult>& results, const CaseResult& r);
 
 void print_table(std::ostream& out, const RunInfo& run, const std::vector<CaseResult>& results);
 void print_json(std::ostream& out, const RunInfo& run, const std::vector<CaseResult>& results);
