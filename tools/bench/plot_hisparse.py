@@ -8,7 +8,7 @@ Reads the `model-step/rows=R,hits=P` cases of one or more bench JSON files
 (bench --json or --json-file) and prints, per batch size and hit rate, the
 decode step's HiSparse time (resolve once per index group, gather per layer),
 the time its missed bytes take at the pinned copy ceiling of the same run
-(`floor_us`) and the difference: the bookkeeping the library adds to the
+(`at_ceiling_us`: the floor) and the difference: the bookkeeping the library adds to the
 transfer that no implementation can avoid. With --png it draws the same
 figures: milliseconds per step against hit rate, one colour per batch size,
 the step solid and the floor dashed, on a logarithmic axis.
@@ -54,7 +54,7 @@ def table(cases):
     lines = ["| rows | hits | step us | floor us (missed bytes at the pinned ceiling) | bookkeeping us | per index group us |",
              "|---|---|---|---|---|---|"]
     for (rows, hits), c in sorted(cases.items()):
-        step, floor = c["median_us"], c.get("floor_us", 0.0)
+        step, floor = c["median_us"], c.get("at_ceiling_us", 0.0)
         lines.append(f"| {rows} | {hits}% | {step:.1f} | {floor:.1f} | {step - floor:.1f} | {(step - floor) / GROUPS:.2f} |")
     return "\n".join(lines)
 
@@ -143,7 +143,7 @@ def plot(cases, device, width=900, height=600):
     left, right, top, bottom = 90, width - 230, 85, height - 80
     hit_rates = sorted({hits for _, hits in cases})
     batches = sorted({rows for rows, _ in cases})
-    values = [c["median_us"] / 1e3 for c in cases.values()] + [c.get("floor_us", 0) / 1e3 for c in cases.values()]
+    values = [c["median_us"] / 1e3 for c in cases.values()] + [c.get("at_ceiling_us", 0) / 1e3 for c in cases.values()]
     values = [v for v in values if v > 0]
     low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
     high = max(high, low + 1)
@@ -176,7 +176,7 @@ def plot(cases, device, width=900, height=600):
     canvas.text((left + right) // 2 - Canvas.text_width("hit rate") // 2, bottom + 44, "hit rate")
     for n, rows in enumerate(batches):
         colour = COLOURS[n % len(COLOURS)]
-        for key, dash in (("median_us", 0), ("floor_us", 8)):
+        for key, dash in (("median_us", 0), ("at_ceiling_us", 8)):
             points = [(round(x_of(h)), round(y_of(cases[(rows, h)].get(key, 0) / 1e3)))
                       for h in hit_rates if (rows, h) in cases and cases[(rows, h)].get(key, 0) > 0]
             for (xa, ya), (xb, yb) in zip(points, points[1:]):

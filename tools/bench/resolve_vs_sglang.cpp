@@ -38,6 +38,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_timing.hpp"
@@ -387,15 +388,26 @@ std::vector<T> download(const sparse_mla::Buffer& b, size_t count) {
   check(cudaMemcpy(v.data(), b.data(), count * sizeof(T), cudaMemcpyDeviceToHost), "download");
   return v;
 }
+// (The library's streams do not wait for the legacy stream's copies: the
+// device synchronisation orders an upload before the launches after it.)
 template <class T>
 void upload(sparse_mla::Buffer& b, const std::vector<T>& v) {
   check(cudaMemcpy(b.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  check(cudaDeviceSynchronize(), "upload");
 }
 
-// The scalar model's result for set 0 from an empty state, every row.
+// The steps the check runs from an empty state: the first loads every
+// selected row (all misses), the second has the designed hits (the fixed
+// part) and misses (the next set's rotating part).
+constexpr int checked_steps = 2;
+
+// The scalar model after `checked_steps` steps (sets 0, 1, ...) from an
+// empty state: the last step's results, the state, and the host row each
+// hot row holds once every step's swaps are copied, in order.
 struct Expected {
   std::vector<sparse_mla::reference::HiSparseResult> rows;
   sparse_mla::reference::HiSparseState state;
+  std::vector<std::pair<int64_t, int64_t>> hot_rows;  // (hot row, host row), sorted by hot row
 };
 Expected model(const Inputs& in) {
   namespace ref = sparse_mla::reference;
@@ -410,19 +422,30 @@ Expected model(const Inputs& in) {
   t.hot_blocks_per_row = hot_blocks;
   t.hot_block_size = block;
   t.attention_block_stride = block;
-  Expected e{{}, ref::HiSparseState(in.rows, H)};
+  Expected e{{}, ref::HiSparseState(in.rows, H), {}};
+  std::vector<int64_t> held(static_cast<size_t>(in.hot_cache_rows()), -1);
   for (int r = 0; r < in.rows; ++r) {
     ref::HiSparseStep step;
-    step.logical.assign(in.logical.begin() + static_cast<std::ptrdiff_t>(r) * K,
-                        in.logical.begin() + static_cast<std::ptrdiff_t>(r + 1) * K);
     step.request_ids = {r};
     step.state_indices = {0};
     step.hot_block_table.assign(in.hot_table.begin() + static_cast<std::ptrdiff_t>(r) * hot_blocks,
                                 in.hot_table.begin() + static_cast<std::ptrdiff_t>(r + 1) * hot_blocks);
     ref::HiSparseState one(1, H);
-    e.rows.push_back(ref::resolve_model(t, step, one));
+    ref::HiSparseResult result;
+    for (int s = 0; s < checked_steps; ++s) {
+      const auto first = in.logical.begin() + (static_cast<std::ptrdiff_t>(s % in.sets) * in.rows + r) * K;
+      step.logical.assign(first, first + K);
+      result = ref::resolve_model(t, step, one);
+      for (int m = 0; m < result.swap_counts[0]; ++m) {
+        held[static_cast<size_t>(result.swap_device_rows[static_cast<size_t>(m)])] = result.swap_host_rows[static_cast<size_t>(m)];
+      }
+    }
+    e.rows.push_back(result);
     std::copy(one.slot_rows.begin(), one.slot_rows.end(), e.state.slot_rows.begin() + static_cast<std::ptrdiff_t>(r) * H);
     std::copy(one.lru.begin(), one.lru.end(), e.state.lru.begin() + static_cast<std::ptrdiff_t>(r) * H);
+  }
+  for (size_t row = 0; row < held.size(); ++row) {
+    if (held[row] >= 0) e.hot_rows.emplace_back(static_cast<int64_t>(row), held[row]);
   }
   return e;
 }
@@ -439,19 +462,16 @@ std::string first_difference(const char* what, int row, const std::vector<int64_
 // Word w (8 bytes) of host row g of the pinned pool.
 uint64_t pool_word(int64_t g, int w) { return (static_cast<uint64_t>(g) << 16) | static_cast<uint64_t>(w); }
 
-// "" when every row the model swaps in is, in `cache`, its host row of the pool.
-std::string compare_cache(const sparse_mla::Buffer& cache, const Inputs& in, const Expected& e) {
+// "" when every hot row the model's swaps filled holds, in `cache`, the
+// pool's host row it was last given.
+std::string compare_cache(const sparse_mla::Buffer& cache, const Expected& e) {
   constexpr int words = row_bytes / 8;
   const auto got = download<uint64_t>(cache, cache.bytes() / 8);
-  for (int r = 0; r < in.rows; ++r) {
-    const auto& want = e.rows[static_cast<size_t>(r)];
-    for (int m = 0; m < want.swap_counts[0]; ++m) {
-      const int64_t dst = want.swap_device_rows[static_cast<size_t>(m)], src = want.swap_host_rows[static_cast<size_t>(m)];
-      for (int w = 0; w < words; ++w) {
-        if (got[static_cast<size_t>(dst * words + w)] != pool_word(src, w)) {
-          return "hot row " + std::to_string(dst) + " differs from host row " + std::to_string(src) + " at byte " +
-                 std::to_string(8 * w);
-        }
+  for (const auto& [dst, src] : e.hot_rows) {
+    for (int w = 0; w < words; ++w) {
+      if (got[static_cast<size_t>(dst * words + w)] != pool_word(src, w)) {
+        return "hot row " + std::to_string(dst) + " differs from host row " + std::to_string(src) + " at byte " +
+               std::to_string(8 * w);
       }
     }
   }
@@ -519,7 +539,9 @@ class Library {
     sparse_mla::reference::HiSparseState empty(in_.rows, H);
     upload(slot_rows_, empty.slot_rows);
     upload(lru_, empty.lru);
+    upload(counters_, std::vector<int64_t>(2, 0));
   }
+  std::vector<int32_t> misses() const { return download<int32_t>(swap_counts_, static_cast<size_t>(in_.rows)); }
 
   void launch(sparse_mla::Stream& stream, int set) {
     sparse_mla::resolve_hisparse(stream, inputs_[static_cast<size_t>(set)], state_, H, outputs_);
@@ -553,7 +575,7 @@ class Library {
       if (d.empty()) d = first_difference("lru", r, widen(&lru[hb], H, same), widen(&e.state.lru[hb], H, same));
       if (!d.empty()) return d;
     }
-    return with_pool_ ? compare_cache(cache_, in_, e) : "";
+    return with_pool_ ? compare_cache(cache_, e) : "";
   }
 
  private:
@@ -611,6 +633,7 @@ class SGLang {
     sparse_mla::reference::HiSparseState empty(in_.rows, H);
     upload(lru_, empty.lru);
   }
+  std::vector<int32_t> misses() const { return download<int32_t>(miss_count_, static_cast<size_t>(in_.rows)); }
 
   void launch(cudaStream_t stream, int set) {
     const auto* top_k = top_k_.as<int32_t>() + static_cast<size_t>(set) * in_.rows * K;
@@ -647,7 +670,7 @@ class SGLang {
       if (d.empty()) d = first_difference("lru_slots", r, widen(&lru[hb], H, same), widen(&e.state.lru[hb], H, same));
       if (!d.empty()) return d;
     }
-    return SkipIO ? "" : compare_cache(cache_, in_, e);
+    return SkipIO ? "" : compare_cache(cache_, e);
   }
 
  private:
@@ -661,24 +684,29 @@ class SGLang {
       miss_count_, cache_;
 };
 
-// Checks set 0 from an empty state against the model, then times `launches`
-// launches cycling over the sets (the first cycle, untimed, reaches the
-// steady state); prints one line.
+// Checks `checked_steps` steps from an empty state against the model, then
+// times launches cycling over the sets (time_graph's untimed first cycle
+// reaches the steady state), checks that the last launch missed exactly the
+// designed rows, and prints one line.
 template <class Impl, class Launch>
 bool run(const char* name, const char* what, Impl& impl, const Inputs& in, const Expected& e, cudaStream_t stream,
          Launch launch) {
-  impl.reset();
-  launch(0);
-  check(cudaStreamSynchronize(stream), "check launch");
-  const std::string d = impl.compare(e);
-  if (!d.empty()) {
-    std::printf("%-10s %-22s rows %4d hits %3d%%  FAILED: %s\n", what, name, in.rows, 100 * in.fixed / K, d.c_str());
+  const int hits = (100 * in.fixed + K / 2) / K;
+  auto failed = [&](const std::string& why) {
+    std::printf("%-10s %-22s rows %4d hits %3d%%  FAILED: %s\n", what, name, in.rows, hits, why.c_str());
     return false;
-  }
+  };
+  impl.reset();
+  for (int s = 0; s < checked_steps; ++s) launch(s % in.sets);
+  check(cudaStreamSynchronize(stream), "check launches");
+  const std::string d = impl.compare(e);
+  if (!d.empty()) return failed(d);
   const int launches = in.sets * std::max(1, (20 + in.sets - 1) / in.sets);
   const double us = time_graph(stream, launches, in.sets, launch);
-  std::printf("%-10s %-22s rows %4d hits %3d%%  sets %4d  median %9.2f us  ok\n", what, name, in.rows,
-              (100 * in.fixed + K / 2) / K, in.sets, us);
+  for (const int32_t m : impl.misses()) {
+    if (m != K - in.fixed) return failed("a timed launch missed " + std::to_string(m) + " rows of a request, the design " + std::to_string(K - in.fixed));
+  }
+  std::printf("%-10s %-22s rows %4d hits %3d%%  sets %4d  median %9.2f us  ok\n", what, name, in.rows, hits, in.sets, us);
   return true;
 }
 

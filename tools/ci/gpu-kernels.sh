@@ -83,7 +83,7 @@ check_skips() {
   echo "skipped: $skipped tests; the reasons given:"
   local binary
   for binary in "$build"/bin/*_test; do
-    "$binary" --gtest_brief=1 2>/dev/null | grep -A1 "Skipped$" | grep -v -E "Skipped$|^--$" | sed 's/^/  /' | head -n 1
+    { "$binary" --gtest_brief=1 2>/dev/null | grep -A1 "Skipped$" | grep -v -E "Skipped$|^--$" | sed 's/^/  /' | head -n 1; } || true
   done | sort | uniq -c
 }
 
@@ -113,15 +113,19 @@ stage_hip() {
   "$build/bin/sparse-mla" info || return 1
 }
 
-# make_driver_stub DIR BUILD: DIR/libcuda.so.1 defining every driver function
-# (cu...) that BUILD's binaries and libraries import, and those cudart looks up
-# first, each returning CUDA_ERROR_STUB_LIBRARY (34).
+# make_driver_stub DIR BUILD KOKKOS: DIR/libcuda.so.1 defining every driver
+# function (cu...) that BUILD's binaries and libraries and KOKKOS's shared
+# libraries import, and those cudart looks up first, each returning
+# CUDA_ERROR_STUB_LIBRARY (34).
 make_driver_stub() {
-  local dir=$1 build=$2 file symbols
+  local dir=$1 build=$2 kokkos=$3 file symbols
+  command -v nm >/dev/null || { echo "cuda: nm (binutils) is needed to stub the CUDA driver"; return 1; }
   mkdir -p "$dir"
-  symbols=$(find "$build" -type f \( -path "*/bin/*" -o -name "*.so*" \) | while read -r file; do
-    nm -D --undefined-only "$file" 2>/dev/null || true
+  symbols=$(find "$build" "$kokkos" -type f \( -path "$build/bin/*" -o -name "*.so*" \) | while read -r file; do
+    nm -D --undefined-only "$file" 2>/dev/null || true  # not every file there is ELF
   done | awk '$2 ~ /^cu[A-Z]/ { sub(/@.*/, "", $2); print $2 }')
+  # Kokkos links the driver: a build that imports none of it was not scanned.
+  [ -n "$symbols" ] || { echo "cuda: no driver function imported under $build and $kokkos"; return 1; }
   for file in $symbols cuInit cuDriverGetVersion cuGetProcAddress cuGetProcAddress_v2; do
     echo "int $file(void) { return 34; }"
   done | sort -u > "$dir/libcuda_stub.c"
@@ -157,10 +161,12 @@ stage_cuda() {
   # lacks, and a toolkit's own stub of it is not always installed: a stub
   # built here, whose every call answers CUDA_ERROR_STUB_LIBRARY, lets the
   # binaries load and cudart report "CUDA driver is a stub library".
-  if ldconfig -p 2>/dev/null | grep -q "libcuda.so.1 "; then
+  # (grep reads all of ldconfig's output: with -q it could stop early and
+  # ldconfig's SIGPIPE would fail the pipeline.)
+  if ldconfig -p 2>/dev/null | grep "libcuda.so.1 " >/dev/null; then
     echo "cuda: this machine has a CUDA driver; the tests below may run instead of skipping"
   else
-    make_driver_stub "$work/cuda-stub" "$build" || return 1
+    make_driver_stub "$work/cuda-stub" "$build" "$kokkos" || return 1
     export LD_LIBRARY_PATH=$work/cuda-stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   fi
   check_skips "$build" || return 1

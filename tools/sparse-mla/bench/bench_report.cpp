@@ -22,7 +22,7 @@ double ceiling_gbps(const std::vector<CaseResult>& results, Ceiling ceiling) {
   return 0;
 }
 
-double floor_us(const std::vector<CaseResult>& results, const CaseResult& r) {
+double at_ceiling_us(const std::vector<CaseResult>& results, const CaseResult& r) {
   const double ceiling = ceiling_gbps(results, r.ceiling);
   return ceiling > 0 ? static_cast<double>(r.traffic.total()) / (ceiling * 1e3) : 0;
 }
@@ -54,12 +54,12 @@ void print_table(std::ostream& out, const RunInfo& run, const std::vector<CaseRe
   const auto nw = static_cast<int>(name_width), sw = static_cast<int>(shape_width);
   out << std::left << std::setw(nw) << "case" << std::setw(sw) << "shape" << std::right << std::setw(6) << "sets"
       << std::setw(8) << "method" << std::setw(12) << "median us" << std::setw(12) << "min us" << std::setw(10)
-      << "GB/s" << std::setw(9) << "ceiling" << std::setw(11) << "floor us" << "  check\n";
+      << "GB/s" << std::setw(9) << "ceiling" << std::setw(14) << "at ceiling us" << "  check\n";
   for (const CaseResult& r : results) {
     out << std::left << std::setw(nw) << r.name << std::setw(sw) << r.shape << std::right;
     if (!r.timed) {
       out << std::setw(6) << "-" << std::setw(8) << "-" << std::setw(12) << "-" << std::setw(12) << "-"
-          << std::setw(10) << "-" << std::setw(9) << "-" << std::setw(11) << "-" << "  " << r.outcome << "\n";
+          << std::setw(10) << "-" << std::setw(9) << "-" << std::setw(14) << "-" << "  " << r.outcome << "\n";
       continue;
     }
     const double ceiling = ceiling_gbps(results, r.ceiling);
@@ -67,8 +67,8 @@ void print_table(std::ostream& out, const RunInfo& run, const std::vector<CaseRe
                                            : ceiling > 0 ? fixed(100 * r.gbps() / ceiling, 0) + "%" : "-";
     out << std::setw(6) << r.plan.sets << std::setw(8) << r.timing.method << std::setw(12)
         << fixed(r.timing.median_us, 2) << std::setw(12) << fixed(r.timing.min_us, 2) << std::setw(10)
-        << fixed(r.gbps(), 1) << std::setw(9) << ratio << std::setw(11)
-        << (ceiling > 0 ? fixed(floor_us(results, r), 2) : "-") << "  " << r.outcome << "\n";
+        << fixed(r.gbps(), 1) << std::setw(9) << ratio << std::setw(14)
+        << (ceiling > 0 ? fixed(at_ceiling_us(results, r), 2) : "-") << "  " << r.outcome << "\n";
   }
 }
 
@@ -109,7 +109,7 @@ void print_json(std::ostream& out, const RunInfo& run, const std::vector<CaseRes
       c["gbps"] = r.gbps();
       c["read_gbps"] = static_cast<double>(r.traffic.read) / (r.timing.median_us * 1e3);
       c["ratio_to_ceiling"] = ceiling > 0 ? r.gbps() / ceiling : 0.0;
-      c["floor_us"] = floor_us(results, r);
+      c["at_ceiling_us"] = at_ceiling_us(results, r);
     }
     cases.push_back(std::move(c));
   }

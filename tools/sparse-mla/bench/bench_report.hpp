@@ -40,7 +40,7 @@ struct RunInfo {
 double ceiling_gbps(const std::vector<CaseResult>& results, Ceiling ceiling);
 // Microseconds a case's bytes take at its ceiling: the time it cannot beat
 // (0 when the ceiling was not measured).
-double floor_us(const std::vector<CaseResult>& results, const CaseResult& r);
+double at_ceiling_us(const std::vector<CaseResult>& results, const CaseResult& r);
 
 void print_table(std::ostream& out, const RunInfo& run, const std::vector<CaseResult>& results);
 void print_json(std::ostream& out, const RunInfo& run, const std::vector<CaseResult>& results);
