@@ -10,6 +10,8 @@
 #   PRESET                 cuda (default) or cuda-portable (the device primitives' portable forms)
 #   STAGES                 which stages run, of: build tests sanitizers bench reference python
 #                          (default: all of them; build is needed by the others once per tree)
+#   BENCH_GROUPS           the bench stage's case groups (default: all of them; ceiling is
+#                          always timed with each); BENCH_TIMEOUT bounds each group (150 s)
 #   DEPS_PREFIX            more CMake prefixes, ';'-separated: GoogleTest, CLI11,
 #                          nlohmann-json where the machine lacks them
 #   WERROR                 ON by default
@@ -86,27 +88,33 @@ else
 fi
 # One bench process per group of cases, each bounded in time, so that one
 # slow case cannot cost the others their numbers.
+bench_groups=" ${BENCH_GROUPS:-ceiling floor convert upconvert group-step resolve swap-in model-step pinned-gather miss-gather} "
+bench_group() { [[ "$bench_groups" == *" $1 "* ]]; }
 if want bench; then
-  for cases in ceiling floor convert upconvert group-step resolve swap-in model-step pinned-gather miss-gather; do
+  for cases in $bench_groups; do
     run "bench-$cases" timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^$cases/" \
       --json-file "$out/bench-$cases.json" "$@"
     sed -n '/^case/,$p' "$out/bench-$cases.log"
   done
-  # The HiSparse hit-rate sweep of a whole decode step: table and plot.
-  run hisparse-sweep python3 tools/bench/plot_hisparse.py "$out/bench-model-step.json" --png "$out/hisparse-sweep.png"
-  cat "$out/hisparse-sweep.log"
-  # The DCP conversion (SPEC section 2a) at the issue's split: 8 ranks,
-  # interleave 1, compacted, beside the plain conversion in the same process.
-  run bench-convert-dcp timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^convert" \
-    --dcp-size 8 --dcp-rank 3 --dcp-interleave 1 --compact "$@"
-  sed -n '/^case/,$p' "$out/bench-convert-dcp.log"
+  if bench_group model-step; then
+    # The HiSparse hit-rate sweep of a whole decode step: table and plot.
+    run hisparse-sweep python3 tools/bench/plot_hisparse.py "$out/bench-model-step.json" --png "$out/hisparse-sweep.png"
+    cat "$out/hisparse-sweep.log"
+  fi
+  if bench_group convert; then
+    # The DCP conversion (SPEC section 2a) at the issue's split: 8 ranks,
+    # interleave 1, compacted, beside the plain conversion in the same process.
+    run bench-convert-dcp timeout "${BENCH_TIMEOUT:-150}" "$cli" bench --backend cuda --filter "^convert" \
+      --dcp-size 8 --dcp-rank 3 --dcp-interleave 1 --compact "$@"
+    sed -n '/^case/,$p' "$out/bench-convert-dcp.log"
+  fi
   # Plain CUDA kernels that only move the cases' bytes (tools/bench).
-  if [ -x "$build/bin/sparse-mla-floors" ]; then
+  if bench_group floor && [ -x "$build/bin/sparse-mla-floors" ]; then
     run floors "$build/bin/sparse-mla-floors"
     cat "$out/floors.log"
   fi
   # The HiSparse swap-in beside SGLang's kernel for it (tools/bench/resolve_vs_sglang.cpp).
-  if [ -x "$build/bin/sparse-mla-resolve-vs-sglang" ]; then
+  if { bench_group resolve || bench_group swap-in; } && [ -x "$build/bin/sparse-mla-resolve-vs-sglang" ]; then
     run resolve-vs-sglang timeout "${BENCH_TIMEOUT:-150}" "$build/bin/sparse-mla-resolve-vs-sglang"
     cat "$out/resolve-vs-sglang.log"
   fi
