@@ -450,15 +450,49 @@ Expected model(const Inputs& in) {
   return e;
 }
 
-std::string first_difference(const char* what, int row, const std::vector<int64_t>& got, const std::vector<int64_t>& want) {
-  for (size_t j = 0; j < want.size(); ++j) {
-    if (got[j] != want[j]) {
-      return std::string(what) + "[" + std::to_string(row) + ", " + std::to_string(j) + "] = " + std::to_string(got[j]) +
-             ", the scalar model gives " + std::to_string(want[j]);
+template <class T>
+std::vector<int64_t> widen(const std::vector<T>& v) {
+  return std::vector<int64_t>(v.begin(), v.end());
+}
+
+// What an implementation left after the checked steps, under its own names:
+// its outputs (row r at r * K), swap counts, swap lists, and its state in the
+// library's terms (the host row each slot holds, the LRU order).
+struct Observed {
+  const char *out_name, *counts_name, *swap_host_name, *swap_device_name, *slot_rows_name, *lru_name;
+  std::vector<int64_t> out, counts, swap_host, swap_device, slot_rows, lru;
+};
+
+// "" when `got[first, first + n)` is `want[0, n)`, else the first difference.
+template <class T>
+std::string first_difference(const char* what, int row, const std::vector<int64_t>& got, size_t first, const T* want,
+                             size_t n) {
+  for (size_t j = 0; j < n; ++j) {
+    if (got[first + j] != static_cast<int64_t>(want[j])) {
+      return std::string(what) + "[" + std::to_string(row) + ", " + std::to_string(j) + "] = " +
+             std::to_string(got[first + j]) + ", the scalar model gives " + std::to_string(want[j]);
     }
   }
   return "";
 }
+
+// Every row's outputs, swap list and state against the model's.
+std::string compare_observed(const Observed& o, const Expected& e) {
+  for (size_t r = 0; r < e.rows.size(); ++r) {
+    const auto& want = e.rows[r];
+    const int row = static_cast<int>(r);
+    const size_t m = static_cast<size_t>(want.swap_counts[0]);
+    std::string d = first_difference(o.out_name, row, o.out, r * K, want.hot_indices.data(), K);
+    if (d.empty()) d = first_difference(o.counts_name, row, o.counts, r, want.swap_counts.data(), 1);
+    if (d.empty()) d = first_difference(o.swap_host_name, row, o.swap_host, r * K, want.swap_host_rows.data(), m);
+    if (d.empty()) d = first_difference(o.swap_device_name, row, o.swap_device, r * K, want.swap_device_rows.data(), m);
+    if (d.empty()) d = first_difference(o.slot_rows_name, row, o.slot_rows, r * H, &e.state.slot_rows[r * H], H);
+    if (d.empty()) d = first_difference(o.lru_name, row, o.lru, r * H, &e.state.lru[r * H], H);
+    if (!d.empty()) return d;
+  }
+  return "";
+}
+
 // Word w (8 bytes) of host row g of the pinned pool.
 uint64_t pool_word(int64_t g, int w) { return (static_cast<uint64_t>(g) << 16) | static_cast<uint64_t>(w); }
 
@@ -476,13 +510,6 @@ std::string compare_cache(const sparse_mla::Buffer& cache, const Expected& e) {
     }
   }
   return "";
-}
-
-template <class A, class B>
-std::vector<int64_t> widen(const A* p, size_t n, B map) {
-  std::vector<int64_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = map(p[i]);
-  return v;
 }
 
 // ---- The two implementations over the same inputs ------------------------
@@ -557,25 +584,15 @@ class Library {
 
   std::string compare(const Expected& e) const {
     const size_t entries = static_cast<size_t>(in_.rows) * K;
-    const auto hot = download<int32_t>(hot_, entries);
-    const auto swap_host = download<int32_t>(swap_host_, entries);
-    const auto swap_device = download<int32_t>(swap_device_, entries);
-    const auto counts = download<int32_t>(swap_counts_, static_cast<size_t>(in_.rows));
-    const auto slot_rows = download<int32_t>(slot_rows_, static_cast<size_t>(in_.rows) * H);
-    const auto lru = download<int16_t>(lru_, static_cast<size_t>(in_.rows) * H);
-    auto same = [](auto x) { return static_cast<int64_t>(x); };
-    for (int r = 0; r < in_.rows; ++r) {
-      const auto& want = e.rows[static_cast<size_t>(r)];
-      const size_t m = static_cast<size_t>(want.swap_counts[0]), base = static_cast<size_t>(r) * K, hb = static_cast<size_t>(r) * H;
-      std::string d = first_difference("hot_indices", r, widen(&hot[base], K, same), widen(want.hot_indices.data(), K, same));
-      if (d.empty()) d = first_difference("swap_counts", r, {counts[static_cast<size_t>(r)]}, {want.swap_counts[0]});
-      if (d.empty()) d = first_difference("swap_host_rows", r, widen(&swap_host[base], m, same), widen(want.swap_host_rows.data(), m, same));
-      if (d.empty()) d = first_difference("swap_device_rows", r, widen(&swap_device[base], m, same), widen(want.swap_device_rows.data(), m, same));
-      if (d.empty()) d = first_difference("slot_rows", r, widen(&slot_rows[hb], H, same), widen(&e.state.slot_rows[hb], H, same));
-      if (d.empty()) d = first_difference("lru", r, widen(&lru[hb], H, same), widen(&e.state.lru[hb], H, same));
-      if (!d.empty()) return d;
-    }
-    return with_pool_ ? compare_cache(cache_, e) : "";
+    Observed o{"hot_indices", "swap_counts", "swap_host_rows", "swap_device_rows", "slot_rows", "lru", {}, {}, {}, {}, {}, {}};
+    o.out = widen(download<int32_t>(hot_, entries));
+    o.counts = widen(download<int32_t>(swap_counts_, static_cast<size_t>(in_.rows)));
+    o.swap_host = widen(download<int32_t>(swap_host_, entries));
+    o.swap_device = widen(download<int32_t>(swap_device_, entries));
+    o.slot_rows = widen(download<int32_t>(slot_rows_, static_cast<size_t>(in_.rows) * H));
+    o.lru = widen(download<int16_t>(lru_, static_cast<size_t>(in_.rows) * H));
+    const std::string d = compare_observed(o, e);
+    return d.empty() && with_pool_ ? compare_cache(cache_, e) : d;
   }
 
  private:
@@ -648,29 +665,22 @@ class SGLang {
   // Its state keys slots by position: -1 or the position's host row.
   std::string compare(const Expected& e) const {
     const size_t entries = static_cast<size_t>(in_.rows) * K;
-    const auto out = download<int32_t>(out_, entries);
-    const auto miss_src = download<int64_t>(miss_src_, entries);
-    const auto miss_dst = download<int32_t>(miss_dst_, entries);
-    const auto counts = download<int32_t>(miss_count_, static_cast<size_t>(in_.rows));
+    Observed o{"top_k_device_locs", "miss_count", "miss_src", "miss_dst", "host row of device_buffer_tokens", "lru_slots",
+               {}, {}, {}, {}, {}, {}};
+    o.out = widen(download<int32_t>(out_, entries));
+    o.counts = widen(download<int32_t>(miss_count_, static_cast<size_t>(in_.rows)));
+    o.swap_host = widen(download<int64_t>(miss_src_, entries));
+    o.swap_device = widen(download<int32_t>(miss_dst_, entries));
     const auto tokens = download<int32_t>(tokens_, static_cast<size_t>(in_.rows) * (H + 1));
-    const auto lru = download<int16_t>(lru_, static_cast<size_t>(in_.rows) * H);
-    auto same = [](auto x) { return static_cast<int64_t>(x); };
     for (int r = 0; r < in_.rows; ++r) {
-      const auto& want = e.rows[static_cast<size_t>(r)];
-      const size_t m = static_cast<size_t>(want.swap_counts[0]), base = static_cast<size_t>(r) * K, hb = static_cast<size_t>(r) * H;
-      auto host_row = [&](int32_t pos) { return pos < 0 ? int64_t{-1} : int64_t{in_.host_row(r, pos)}; };
-      std::string d = first_difference("top_k_device_locs", r, widen(&out[base], K, same), widen(want.hot_indices.data(), K, same));
-      if (d.empty()) d = first_difference("miss_count", r, {counts[static_cast<size_t>(r)]}, {want.swap_counts[0]});
-      if (d.empty()) d = first_difference("miss_src", r, widen(&miss_src[base], m, same), widen(want.swap_host_rows.data(), m, same));
-      if (d.empty()) d = first_difference("miss_dst", r, widen(&miss_dst[base], m, same), widen(want.swap_device_rows.data(), m, same));
-      if (d.empty()) {
-        d = first_difference("host row of device_buffer_tokens", r,
-                             widen(&tokens[static_cast<size_t>(r) * (H + 1)], H, host_row), widen(&e.state.slot_rows[hb], H, same));
+      for (int slot = 0; slot < H; ++slot) {
+        const int32_t pos = tokens[static_cast<size_t>(r) * (H + 1) + static_cast<size_t>(slot)];
+        o.slot_rows.push_back(pos < 0 ? -1 : in_.host_row(r, pos));
       }
-      if (d.empty()) d = first_difference("lru_slots", r, widen(&lru[hb], H, same), widen(&e.state.lru[hb], H, same));
-      if (!d.empty()) return d;
     }
-    return SkipIO ? "" : compare_cache(cache_, e);
+    o.lru = widen(download<int16_t>(lru_, static_cast<size_t>(in_.rows) * H));
+    const std::string d = compare_observed(o, e);
+    return d.empty() && !SkipIO ? compare_cache(cache_, e) : d;
   }
 
  private:
