@@ -8,7 +8,6 @@
 // Bytes: the resolve reads 4*rows*K and writes 4*rows*K + 4*rows (its
 // indices, like the conversion; state and tables are extra); the gather adds
 // 656 read + 656 written per missed row.
-#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,14 +48,7 @@ class SwapInCase final : public BenchCase {
     const auto after = rig_.counters(device, stream);
     const auto hits = static_cast<std::uint64_t>(after[0] - counters_before_[0]);
     const auto misses = static_cast<std::uint64_t>(after[1] - counters_before_[1]);
-    note = "hits " + std::to_string(static_cast<int>(std::lround(100.0 * static_cast<double>(hits) /
-                                                                   static_cast<double>(hits + misses)))) + "%";
-    if (hits != rig_.hits_per_launch() * launches || misses != rig_.misses_per_launch() * launches) {
-      return "the timed launches counted " + std::to_string(hits) + " hits and " + std::to_string(misses) +
-             " misses; the design gives " + std::to_string(rig_.hits_per_launch() * launches) + " and " +
-             std::to_string(rig_.misses_per_launch() * launches);
-    }
-    return "";
+    return check_hit_counts(hits, misses, rig_.hits_per_launch() * launches, rig_.misses_per_launch() * launches, note);
   }
 
  private:

@@ -1,6 +1,7 @@
 #include "bench_hisparse_rig.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -55,6 +56,15 @@ std::string compare_pool_row(const std::vector<std::uint8_t>& hot_cache, std::in
   return "";
 }
 
+std::string check_hit_counts(std::uint64_t hits, std::uint64_t misses, std::uint64_t want_hits, std::uint64_t want_misses,
+                             std::string& note) {
+  note = "hits " + std::to_string(static_cast<int>(std::lround(100.0 * static_cast<double>(hits) /
+                                                                 static_cast<double>(hits + misses)))) + "%";
+  if (hits == want_hits && misses == want_misses) return "";
+  return "the timed launches counted " + std::to_string(hits) + " hits and " + std::to_string(misses) +
+         " misses; the design gives " + std::to_string(want_hits) + " and " + std::to_string(want_misses);
+}
+
 HiSparseRig::HiSparseRig(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed, bool rotate_outputs)
     : rows_(rows), fixed_(fixed), with_pool_(with_pool), seed_(seed), rotate_outputs_(rotate_outputs) {}
 
@@ -98,7 +108,7 @@ void HiSparseRig::setup(Device& device, Stream& stream, int sets) {
   sets_ = sets;
   const std::int64_t context = fixed_ + static_cast<std::int64_t>(sets) * (K - fixed_);
   context_blocks_ = static_cast<std::int32_t>((context + block - 1) / block);
-  const std::int64_t host_rows = static_cast<std::int64_t>(rows_) * context_blocks_ * block;
+  const std::int64_t host_rows = this->host_rows();
   if (host_rows > std::numeric_limits<std::int32_t>::max()) {
     fail("bench", "a HiSparse pool of ", host_rows, " rows does not fit int32 row ids; lower --rotate-mib");
   }
@@ -229,7 +239,7 @@ std::string HiSparseRig::compare_rows(Device& device, Stream& stream) {
   tables.source_rows = rows_;
   tables.source_blocks = context_blocks_;
   tables.source_block_size = block;
-  tables.host_rows = static_cast<std::int64_t>(rows_) * context_blocks_ * block;
+  tables.host_rows = host_rows();
   tables.hot_blocks_per_row = HiSparseShape::hot_blocks_per_row;
   tables.hot_block_size = block;
   tables.attention_block_stride = block;
@@ -255,16 +265,24 @@ std::string HiSparseRig::compare_rows(Device& device, Stream& stream) {
     if (diff.empty()) diff = compare_row("lru", r, &lru[std::size_t(r) * H], state.lru.data(), H);
     if (!diff.empty()) return diff;
   }
-  return with_pool_ ? check_gathered(device, stream, hot_cache_, seed_, 0) : "";
+  if (!with_pool_) return "";
+  return compare_gathered(download_from<std::uint8_t>(device, stream, hot_cache_, 0, hot_cache_.bytes()), swap_host,
+                          swap_device, swaps, seed_, 0);
 }
 
 std::string HiSparseRig::check_gathered(Device& device, Stream& stream, const Buffer& hot_cache, std::uint64_t pool_seed,
                                         std::int64_t pool_row_offset) {
   const auto entries = static_cast<std::size_t>(rows_) * K;
-  const auto swap_host = download_from<std::int32_t>(device, stream, swap_host_, 0, entries);
-  const auto swap_device = download_from<std::int32_t>(device, stream, swap_device_, 0, entries);
-  const auto swaps = download_from<std::int32_t>(device, stream, swap_counts_, 0, static_cast<std::size_t>(rows_));
-  const auto cache = download_from<std::uint8_t>(device, stream, hot_cache, 0, hot_cache.bytes());
+  return compare_gathered(download_from<std::uint8_t>(device, stream, hot_cache, 0, hot_cache.bytes()),
+                          download_from<std::int32_t>(device, stream, swap_host_, 0, entries),
+                          download_from<std::int32_t>(device, stream, swap_device_, 0, entries),
+                          download_from<std::int32_t>(device, stream, swap_counts_, 0, static_cast<std::size_t>(rows_)),
+                          pool_seed, pool_row_offset);
+}
+
+std::string HiSparseRig::compare_gathered(const std::vector<std::uint8_t>& cache, const std::vector<std::int32_t>& swap_host,
+                                          const std::vector<std::int32_t>& swap_device, const std::vector<std::int32_t>& swaps,
+                                          std::uint64_t pool_seed, std::int64_t pool_row_offset) const {
   for (std::int32_t r = 0; r < rows_; ++r) {
     for (std::int32_t m = 0; m < swaps[std::size_t(r)]; ++m) {
       const std::size_t e = static_cast<std::size_t>(r) * K + static_cast<std::size_t>(m);

@@ -52,6 +52,11 @@ void fill_pool(Device& device, Stream& stream, Buffer& pool, std::uint64_t seed)
 std::string compare_pool_row(const std::vector<std::uint8_t>& hot_cache, std::int64_t hot_row, std::int64_t host_row,
                              std::uint64_t seed);
 
+// After the timed launches: sets `note` to the hit rate counted, and returns
+// "" when the counts are the design's, else what differs.
+std::string check_hit_counts(std::uint64_t hits, std::uint64_t misses, std::uint64_t want_hits, std::uint64_t want_misses,
+                             std::string& note);
+
 class HiSparseRig {
  public:
   // rows: request rows of the batch; fixed: hits per row in steady state;
@@ -93,6 +98,10 @@ class HiSparseRig {
   std::vector<std::int32_t> selection(int set) const;  // [rows, top_k]
   void reset_state(Device& device, Stream& stream);
   std::string compare_rows(Device& device, Stream& stream);
+  // Every row of the swap lists (downloaded) against the pool, in `cache`.
+  std::string compare_gathered(const std::vector<std::uint8_t>& cache, const std::vector<std::int32_t>& swap_host,
+                               const std::vector<std::int32_t>& swap_device, const std::vector<std::int32_t>& swaps,
+                               std::uint64_t pool_seed, std::int64_t pool_row_offset) const;
 
   std::int32_t rows_;
   std::int32_t fixed_;

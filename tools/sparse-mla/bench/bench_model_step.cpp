@@ -21,7 +21,6 @@
 // positions, so their host rows are too, and each group still cycles through
 // its sets in order, which keeps its hit rate exact.
 #include <algorithm>
-#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,12 +72,12 @@ class ModelStepCase final : public BenchCase {
   void setup(Device& device, Stream& stream, int sets) override {
     sets_ = sets;
     for (HiSparseRig& rig : rigs_) rig.setup(device, stream, sets);
-    host_rows_ = rigs_.front().host_rows();
-    pool_ = device.allocate(static_cast<std::size_t>(index_every * host_rows_ * row_bytes), MemoryKind::pinned_host);
+    const std::int64_t host_rows = rigs_.front().host_rows();  // of each layer's pool
+    pool_ = device.allocate(static_cast<std::size_t>(index_every * host_rows * row_bytes), MemoryKind::pinned_host);
     fill_pool(device, stream, pool_, seed_);
-    const Tensor pool = Tensor::of(pool_, DType::u8, {index_every * host_rows_, row_bytes});
+    const Tensor pool = Tensor::of(pool_, DType::u8, {index_every * host_rows, row_bytes});
     for (std::int32_t i = 0; i < index_every; ++i) {
-      layer_pools_.push_back(pool.rows(i * host_rows_, (i + 1) * host_rows_));
+      layer_pools_.push_back(pool.rows(i * host_rows, (i + 1) * host_rows));
       hot_caches_.push_back(device.allocate(
           static_cast<std::size_t>(rigs_.front().hot_cache_blocks() * block * row_bytes), MemoryKind::device));
     }
@@ -101,7 +100,8 @@ class ModelStepCase final : public BenchCase {
     for (std::int32_t i = 0; i < layers_of_group(0); ++i) gather(stream, 0, i, 0);
     stream.synchronize();
     for (std::int32_t i = 0; i < layers_of_group(0); ++i) {
-      diff = rigs_.front().check_gathered(device, stream, hot_caches_[static_cast<std::size_t>(i)], seed_, i * host_rows_);
+      diff = rigs_.front().check_gathered(device, stream, hot_caches_[static_cast<std::size_t>(i)], seed_,
+                                          i * rigs_.front().host_rows());
       if (!diff.empty()) return "layer " + std::to_string(i) + ": " + diff;
     }
     return "";
@@ -110,16 +110,9 @@ class ModelStepCase final : public BenchCase {
   void before_timed(Device& device, Stream& stream) override { counted_before_ = counted(device, stream); }
   std::string after_timed(Device& device, Stream& stream, std::uint64_t launches, std::string& note) override {
     const std::vector<std::uint64_t> after = counted(device, stream);
-    const std::uint64_t hits = after[0] - counted_before_[0], misses = after[1] - counted_before_[1];
-    note = "hits " + std::to_string(static_cast<int>(std::lround(100.0 * static_cast<double>(hits) /
-                                                                   static_cast<double>(hits + misses)))) + "%";
-    const std::uint64_t want_hits = static_cast<std::uint64_t>(model_groups) * rigs_.front().hits_per_launch() * launches;
-    const std::uint64_t want_misses = misses_per_step() * launches;
-    if (hits != want_hits || misses != want_misses) {
-      return "the timed steps counted " + std::to_string(hits) + " hits and " + std::to_string(misses) +
-             " misses over the groups; the design gives " + std::to_string(want_hits) + " and " + std::to_string(want_misses);
-    }
-    return "";
+    return check_hit_counts(after[0] - counted_before_[0], after[1] - counted_before_[1],
+                            static_cast<std::uint64_t>(model_groups) * rigs_.front().hits_per_launch() * launches,
+                            misses_per_step() * launches, note);
   }
 
  private:
@@ -152,7 +145,6 @@ class ModelStepCase final : public BenchCase {
   std::uint64_t seed_;
   int sets_ = 1;
   std::vector<HiSparseRig> rigs_;
-  std::int64_t host_rows_ = 0;  // of each layer's pool
   Buffer pool_;                 // pinned: the index_every layer pools, one after another
   std::vector<Tensor> layer_pools_;
   std::vector<Buffer> hot_caches_;
