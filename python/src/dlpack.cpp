@@ -180,8 +180,8 @@ dl::DLDevice dlpack_device_of_object(const py::handle& object, const char* name)
 // Calls the producer's __dlpack__ (with `stream` when given) and takes
 // ownership of the DLPack tensor: the capsule is renamed "used_dltensor"
 // (python_spec.html), so that its destructor leaves the tensor to us.
-// `object` has passed dlpack_device_of_object.
-Consumed consume(const py::handle& object, const char* name, const py::object& stream) {
+// `object` has passed dlpack_device_of_object, which answered `where`.
+Consumed consume(const py::handle& object, const char* name, dl::DLDevice where, const py::object& stream) {
   Consumed c;
   const py::object capsule = stream.is_none() ? object.attr("__dlpack__")() : object.attr("__dlpack__")(py::arg("stream") = stream);
   PyObject* cap = capsule.ptr();
@@ -204,6 +204,10 @@ Consumed consume(const py::handle& object, const char* name, const py::object& s
   c.data = static_cast<char*>(t.data) + t.byte_offset;
   c.dtype = t.dtype;
   c.device = t.device;
+  // torch says pinned memory is kDLCUDAHost in __dlpack_device__ but kDLCPU
+  // in the capsule: the more specific of the two is the memory's kind.
+  const bool pinned = where.device_type == dl::kDLCUDAHost || where.device_type == dl::kDLROCMHost;
+  if (pinned && t.device.device_type == dl::kDLCPU) c.device = where;
   const auto rank = static_cast<std::size_t>(t.ndim < 0 ? 0 : t.ndim);
   c.shape.assign(t.shape, t.shape + rank);
   if (t.strides != nullptr) {
@@ -425,7 +429,7 @@ TensorArg import_tensor(const py::handle& object, const char* name, DeviceHandle
                                : native != nullptr               ? reinterpret_cast<std::intptr_t>(native)
                                                                  : legacy);
   }
-  Consumed c = consume(object, name, producer_stream);
+  Consumed c = consume(object, name, where, producer_stream);
   const DType dtype = dtype_or_type_error(c.dtype, name);
   place(c.device, device, kind, owner);
   arg.tensor = view_of(name, c.data, dtype, c.shape, c.strides, kind, owner);
@@ -462,8 +466,8 @@ namespace {
 // data that NumPy holds as uint16).
 std::shared_ptr<PyTensor> from_dlpack(const py::object& object, const py::object& as_dtype) {
   if (py::isinstance<PyTensor>(object) && as_dtype.is_none()) return object.cast<std::shared_ptr<PyTensor>>();
-  dlpack_device_of_object(object, "from_dlpack: x");  // a TypeError for anything else
-  Consumed c = consume(object, "from_dlpack: x", py::none());
+  const dl::DLDevice where = dlpack_device_of_object(object, "from_dlpack: x");  // a TypeError for anything else
+  Consumed c = consume(object, "from_dlpack: x", where, py::none());
   DType dtype;
   if (as_dtype.is_none()) {
     dtype = dtype_or_type_error(c.dtype, "from_dlpack: x");
