@@ -98,6 +98,12 @@ function(sparse_mla_add_gpu_backend api kokkos_backend runtime arch_variable)
   endif()
 
   target_sources(sparse_mla PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/${api}_kernels.cpp)
+  if(_API STREQUAL "CUDA" AND SPARSE_MLA_CUDA_LINEINFO)
+    # Only the kernels' translation unit, which nvcc compiles (the host
+    # compiler does not know the flag).
+    set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/${api}_kernels.cpp TARGET_DIRECTORY sparse_mla
+                                PROPERTIES COMPILE_OPTIONS -lineinfo)
+  endif()
   target_compile_definitions(sparse_mla PRIVATE SPARSE_MLA_${_API}_KERNELS=1)
   _sparse_mla_kokkos_gpu_archs(${kokkos_backend} _archs)
   set(_wanted "${${arch_variable}}")

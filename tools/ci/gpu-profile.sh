@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Where one kernel's instructions and stalls go, on the GPU machine: builds
+# the CLI of the cuda preset with -lineinfo (build/cuda-profile), runs
+# `sparse-mla bench` for the cases FILTER under Nsight Compute (the full
+# section set, clocks left alone, one launch of the kernels whose demangled
+# name matches KERNEL, after 3 others), and writes to OUT_DIR the report,
+# its details page, its source page (SASS, and CUDA source lines) and
+# tools/ci/ncu-passes.py's table of instructions per pass (ROWS: the teams
+# of the profiled launch, so that figures are per row).
+#   bash tools/ci/gpu-profile.sh KOKKOS_PREFIX OUT_DIR KERNEL FILTER [ROWS]
+#   e.g. bash tools/ci/gpu-profile.sh "$KOKKOS" prof HiSparseResolve '^resolve/rows=128$' 128
+# Environment: DEPS_PREFIX as for gpu-check.sh; PRESET (cuda, or cuda-portable).
+# Used for the profiles recorded in docs/PERFORMANCE.md.
+set -uo pipefail
+kokkos=${1:?Kokkos prefix}
+out=$(realpath -m "${2:?output folder}")
+kernel=${3:?kernel name pattern}
+filter=${4:?bench filter}
+rows=${5:-1}
+cd "$(dirname "$0")/../.." || exit 1
+mkdir -p "$out"
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+build=build/${PRESET:-cuda}-profile
+if ! cmake --preset "${PRESET:-cuda}" -B "$build" -DKokkos_ROOT="$kokkos" "-DCMAKE_PREFIX_PATH=$kokkos;${DEPS_PREFIX:-}" \
+       -DSPARSE_MLA_CUDA_LINEINFO=ON -DSPARSE_MLA_BUILD_TESTS=OFF -DSPARSE_MLA_BUILD_PYTHON=OFF > "$out/configure.log" 2>&1 ||
+   ! cmake --build "$build" -j "$(nproc)" --target sparse-mla > "$out/build.log" 2>&1; then
+  echo "gpu-profile: the build failed (see $out)"
+  tail -n 30 "$out/configure.log" "$out/build.log" 2>/dev/null
+  exit 1
+fi
+if ! ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$kernel" --launch-skip 3 --launch-count 1 \
+       --set full --import-source yes -f -o "$out/profile" \
+       "$build/bin/sparse-mla" bench --backend cuda --filter "$filter" > "$out/ncu.log" 2>&1; then
+  echo "gpu-profile: ncu failed (see $out/ncu.log)"
+  tail -n 20 "$out/ncu.log"
+  exit 1
+fi
+ncu -i "$out/profile.ncu-rep" --page details > "$out/details.txt" 2>&1
+ncu -i "$out/profile.ncu-rep" --page source --csv --print-source sass > "$out/sass.csv" 2>&1
+ncu -i "$out/profile.ncu-rep" --page source --csv --print-source cuda > "$out/source.csv" 2>&1
+grep -E "^  [A-Za-z].*(Duration|Elapsed Cycles|Executed Ipc Active|Warp Cycles Per Issued|Executed Instructions  |Registers Per|Achieved Occupancy)" \
+  "$out/details.txt"
+python3 tools/ci/ncu-passes.py "$out/sass.csv" --rows "$rows" --top 20 | tee "$out/passes.md"
