@@ -99,10 +99,11 @@ function(sparse_mla_add_gpu_backend api kokkos_backend runtime arch_variable)
 
   target_sources(sparse_mla PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/${api}_kernels.cpp)
   if(_API STREQUAL "CUDA" AND SPARSE_MLA_CUDA_LINEINFO)
-    # Only the kernels' translation unit, which nvcc compiles (the host
-    # compiler does not know the flag).
-    set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/${api}_kernels.cpp TARGET_DIRECTORY sparse_mla
-                                PROPERTIES COMPILE_OPTIONS -lineinfo)
+    # On the kernels' translation unit, which Kokkos' launcher compiles with
+    # nvcc_wrapper. Not in CMAKE_CXX_FLAGS: CMake's compiler checks run the
+    # plain host compiler, which takes -lineinfo for a library to link.
+    set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/${api}_kernels.cpp TARGET_DIRECTORY sparse_mla
+                 APPEND PROPERTY COMPILE_OPTIONS -lineinfo)
   endif()
   target_compile_definitions(sparse_mla PRIVATE SPARSE_MLA_${_API}_KERNELS=1)
   _sparse_mla_kokkos_gpu_archs(${kokkos_backend} _archs)

@@ -83,13 +83,10 @@ void place(dl::DLDevice where, const DeviceHandle& device, MemoryKind& kind, con
       kind = MemoryKind::host;
       owner = &device.device();
       return;
-    case dl::kDLCUDAHost:
-      kind = MemoryKind::pinned_host;
-      if (backend == Backend::host || backend == Backend::cuda) owner = &device.device();
-      return;
+    case dl::kDLCUDAHost:  // torch on ROCm says kDLCUDAHost for its pinned memory too
     case dl::kDLROCMHost:
       kind = MemoryKind::pinned_host;
-      if (backend == Backend::host || backend == Backend::hip) owner = &device.device();
+      owner = &device.device();
       return;
     case dl::kDLCUDA:
     case dl::kDLCUDAManaged:
@@ -180,8 +177,9 @@ dl::DLDevice dlpack_device_of_object(const py::handle& object, const char* name)
 // Calls the producer's __dlpack__ (with `stream` when given) and takes
 // ownership of the DLPack tensor: the capsule is renamed "used_dltensor"
 // (python_spec.html), so that its destructor leaves the tensor to us.
-// `object` has passed dlpack_device_of_object, which answered `where`.
-Consumed consume(const py::handle& object, const char* name, dl::DLDevice where, const py::object& stream) {
+// `object` has passed dlpack_device_of_object, which answered `*where`
+// (nullptr: the capsule's device is taken as it is).
+Consumed consume(const py::handle& object, const char* name, const dl::DLDevice* where, const py::object& stream) {
   Consumed c;
   const py::object capsule = stream.is_none() ? object.attr("__dlpack__")() : object.attr("__dlpack__")(py::arg("stream") = stream);
   PyObject* cap = capsule.ptr();
@@ -206,8 +204,8 @@ Consumed consume(const py::handle& object, const char* name, dl::DLDevice where,
   c.device = t.device;
   // torch says pinned memory is kDLCUDAHost in __dlpack_device__ but kDLCPU
   // in the capsule: the more specific of the two is the memory's kind.
-  const bool pinned = where.device_type == dl::kDLCUDAHost || where.device_type == dl::kDLROCMHost;
-  if (pinned && t.device.device_type == dl::kDLCPU) c.device = where;
+  const bool pinned = where != nullptr && (where->device_type == dl::kDLCUDAHost || where->device_type == dl::kDLROCMHost);
+  if (pinned && t.device.device_type == dl::kDLCPU) c.device = *where;
   const auto rank = static_cast<std::size_t>(t.ndim < 0 ? 0 : t.ndim);
   c.shape.assign(t.shape, t.shape + rank);
   if (t.strides != nullptr) {
@@ -429,7 +427,7 @@ TensorArg import_tensor(const py::handle& object, const char* name, DeviceHandle
                                : native != nullptr               ? reinterpret_cast<std::intptr_t>(native)
                                                                  : legacy);
   }
-  Consumed c = consume(object, name, where, producer_stream);
+  Consumed c = consume(object, name, &where, producer_stream);
   const DType dtype = dtype_or_type_error(c.dtype, name);
   place(c.device, device, kind, owner);
   arg.tensor = view_of(name, c.data, dtype, c.shape, c.strides, kind, owner);
@@ -466,8 +464,10 @@ namespace {
 // data that NumPy holds as uint16).
 std::shared_ptr<PyTensor> from_dlpack(const py::object& object, const py::object& as_dtype) {
   if (py::isinstance<PyTensor>(object) && as_dtype.is_none()) return object.cast<std::shared_ptr<PyTensor>>();
-  const dl::DLDevice where = dlpack_device_of_object(object, "from_dlpack: x");  // a TypeError for anything else
-  Consumed c = consume(object, "from_dlpack: x", where, py::none());
+  dlpack_device_of_object(object, "from_dlpack: x");  // a TypeError for anything else
+  // The view keeps the capsule's device, which it hands on when exported:
+  // what its producer wrote, whichever consumer reads it next.
+  Consumed c = consume(object, "from_dlpack: x", nullptr, py::none());
   DType dtype;
   if (as_dtype.is_none()) {
     dtype = dtype_or_type_error(c.dtype, "from_dlpack: x");

@@ -152,3 +152,17 @@ class OtherDeviceTensor:
         # DLTensor: void* data, then DLDevice {int32 device_type, int32 device_id}.
         ctypes.c_int32.from_address(dltensor + ctypes.sizeof(ctypes.c_void_p)).value = 2
         return capsule
+
+
+class PinnedByDeviceOnly:
+    """Host memory whose __dlpack_device__ says kDLCUDAHost (pinned) while its
+    capsule's DLTensor says kDLCPU: how torch hands over a pinned tensor."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack_device__(self):
+        return (3, 0)
+
+    def __dlpack__(self, stream=None):
+        return self.array.__dlpack__()

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import sparse_mla
-from models import convert
-from support import OtherDeviceTensor, host_only, poisoned, random_conversion_inputs
+from models import convert, random_fp8_rows, upconvert_rows
+from support import OtherDeviceTensor, PinnedByDeviceOnly, host_only, poisoned, random_conversion_inputs
 
 pytestmark = host_only
 
@@ -123,3 +123,23 @@ def test_a_tensor_of_a_backend_that_is_not_compiled_in_is_refused(rng):
     req_id, table, logical = random_conversion_inputs(rng, T=2, K=64)
     with pytest.raises(ValueError, match="cuda backend is not compiled"):
         sparse_mla.convert_req_index_to_global_index(req_id, table, OtherDeviceTensor(logical), block_size=16)
+
+
+def test_memory_that_dlpack_device_calls_pinned_is_pinned_whatever_its_capsule_says(rng):
+    # The host-backed gather-upconvert reads its host_cache only from pinned memory.
+    cache = random_fp8_rows(rng, 16).reshape(1, 16, 656)
+    host_rows = random_fp8_rows(rng, 8)
+    host_row_ids = rng.integers(0, 8, size=16, dtype=np.int32)
+    device_row_ids = np.full(16, -1, np.int32)
+    table, starts = np.array([[0]], np.int32), np.array([0], np.int32)
+    dst = poisoned((16, 576), np.uint16, 0xDEAD)
+    sparse_mla.cp_gather_and_upconvert_fp8_kv_cache(cache, sparse_mla.from_dlpack(dst, dtype="bfloat16"), table, starts, 1,
+                                                    host_cache=PinnedByDeviceOnly(host_rows), host_row_ids=host_row_ids,
+                                                    device_row_ids=device_row_ids)
+    np.testing.assert_array_equal(dst, upconvert_rows(host_rows[host_row_ids]))
+    before = dst.copy()
+    with pytest.raises(ValueError, match="host_cache is in host memory, expected pinned_host"):
+        sparse_mla.cp_gather_and_upconvert_fp8_kv_cache(cache, sparse_mla.from_dlpack(dst, dtype="bfloat16"), table, starts,
+                                                        1, host_cache=host_rows, host_row_ids=host_row_ids,
+                                                        device_row_ids=device_row_ids)
+    np.testing.assert_array_equal(dst, before)

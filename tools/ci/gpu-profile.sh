@@ -19,6 +19,7 @@ filter=${4:?bench filter}
 rows=${5:-1}
 cd "$(dirname "$0")/../.." || exit 1
 mkdir -p "$out"
+rm -f "$out/configure.log" "$out/build.log"
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 build=build/${PRESET:-cuda}-profile
 if ! cmake --preset "${PRESET:-cuda}" -B "$build" -DKokkos_ROOT="$kokkos" "-DCMAKE_PREFIX_PATH=$kokkos;${DEPS_PREFIX:-}" \
@@ -35,9 +36,9 @@ if ! ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:
   tail -n 20 "$out/ncu.log"
   exit 1
 fi
-ncu -i "$out/profile.ncu-rep" --page details > "$out/details.txt" 2>&1
-ncu -i "$out/profile.ncu-rep" --page source --csv --print-source sass > "$out/sass.csv" 2>&1
-ncu -i "$out/profile.ncu-rep" --page source --csv --print-source cuda > "$out/source.csv" 2>&1
-grep -E "^  [A-Za-z].*(Duration|Elapsed Cycles|Executed Ipc Active|Warp Cycles Per Issued|Executed Instructions  |Registers Per|Achieved Occupancy)" \
+ncu -i "$out/profile.ncu-rep" --page details > "$out/details.txt" 2> "$out/export.log"
+ncu -i "$out/profile.ncu-rep" --page source --csv --print-source sass > "$out/sass.csv" 2>> "$out/export.log"
+ncu -i "$out/profile.ncu-rep" --page source --csv --print-source cuda > "$out/source.csv" 2>> "$out/export.log"
+grep -E "^ +(Duration|Elapsed Cycles|SM Frequency|Executed Ipc Active|Warp Cycles Per Issued Instruction|Executed Instructions|Registers Per Thread|Achieved Occupancy) " \
   "$out/details.txt"
 python3 tools/ci/ncu-passes.py "$out/sass.csv" --rows "$rows" --top 20 | tee "$out/passes.md"

@@ -34,14 +34,19 @@ def ends_pass(sass):
 
 
 def read(path):
-    """The header row and the instruction rows of the CSV (the kernel-name
-    line that ncu writes first is skipped)."""
+    """The header row and the instruction rows of the CSV's one kernel (the
+    kernel-name line that ncu writes first is skipped; a second kernel is
+    refused: profile one launch)."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     for i, row in enumerate(rows):
-        if "Source" in row and "Instructions Executed" in row:
-            return row, rows[i + 1:]
-    raise ValueError(f"{path}: no header with 'Source' and 'Instructions Executed' "
+        if "Address" in row and "Source" in row and "Instructions Executed" in row:
+            body = rows[i + 1:]
+            if any(r and r[0] == "Kernel Name" for r in body):
+                raise ValueError(f"{path}: more than one kernel (profile one launch: ncu --launch-count 1)")
+            # Lines that are not instructions (an ncu warning among them) are left out.
+            return row, [r for r in body if len(r) == len(row)]
+    raise ValueError(f"{path}: no header with 'Address', 'Source' and 'Instructions Executed' "
                      "(write it with: ncu -i REPORT --page source --csv --print-source sass)")
 
 
@@ -61,8 +66,6 @@ def summarise(header, rows, teams, top):
     stalls = collections.Counter()
     hottest = []
     for row in rows:
-        if len(row) <= col["Instructions Executed"]:
-            continue
         sass = row[col["Source"]].strip()
         executed = number(row[col["Instructions Executed"]])
         current[0] += executed
