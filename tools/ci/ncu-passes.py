@@ -29,10 +29,6 @@ def opcode(sass):
     return op.split(".")[0]
 
 
-def ends_pass(sass):
-    return opcode(sass) == "BAR"
-
-
 def read(path):
     """The header row and the instruction rows of the CSV's one kernel (the
     kernel-name line that ncu writes first is skipped; a second kernel is
@@ -70,11 +66,12 @@ def summarise(header, rows, teams, top):
         executed = number(row[col["Instructions Executed"]])
         current[0] += executed
         current[1] += number(row[samples_col]) if samples_col is not None else 0
-        current[2][opcode(sass)] += executed
+        op = opcode(sass)
+        current[2][op] += executed
         for name in stall_cols:
             stalls[name[len("stall_"):]] += number(row[col[name]])
         hottest.append((executed, sass))
-        if ends_pass(sass):
+        if op == "BAR":  # a team barrier ends the pass
             current[3] = sass
             passes.append(current)
             current = [0, 0, collections.Counter(), "(end of kernel)"]
@@ -101,7 +98,7 @@ def summarise(header, rows, teams, top):
         out.append(f"stall samples ({sampled}): {reasons}")
     if top:
         out.append("")
-        out.append(f"most executed instructions (warp instructions per row):")
+        out.append("most executed instructions (warp instructions per row):")
         for executed, sass in sorted(hottest, key=lambda x: -x[0])[:top]:
             out.append(f"  {executed / teams:10,.1f}  {sass}")
     return "\n".join(out)
