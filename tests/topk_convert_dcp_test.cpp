@@ -49,6 +49,9 @@ const DcpShape shapes[] = {
     {8200, 64, 4, 10, 16},   // T >= 8192: 2 units in flight
     {3, 4096, 2, 70, 64},    // two whole rounds
     {4, 384, 2, 12, 48},     // block size not a power of two
+    {5, 16, 2, 4, 8},        // K = 16: one whole round on host spaces
+    {3, 12, 2, 4, 8},        // K = 12: one round of the general kernel on host spaces
+    {20, 4100, 2, 70, 64},   // rounds of the general kernel on GPUs
 };
 
 // Positions of the whole (global) context: most inside some rank's share,
@@ -129,6 +132,42 @@ TEST_P(TopkConvertDcpTest, MatchesTheModelOverShapesRanksAndInterleaves) {
       const Result got = convert(in, s.R, d);
       EXPECT_EQ(got.physical, want.physical);
       EXPECT_EQ(got.counts, want.valid_counts);
+    }
+  }
+}
+
+// A table entry the kernel does not check can map a position inside the
+// table to -1 (entry -1, offset block_size - 1): that entry is not valid, so
+// a compacted row leaves it out and does not count it, like the model.
+TEST_P(TopkConvertDcpTest, ATableEntryThatMapsToMinusOneIsNotCounted) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(45);
+  for (const DcpShape& s : shapes) {
+    const DcpConfig d{2, 1, 1, true};
+    SCOPED_TRACE(describe(s, d));
+    auto in = random_inputs(rng, s, d);
+    for (std::int32_t& block : in.block_table) block = rng() % 2 ? -1 : block;
+    // Positions with the last offset of a block, so that most rows hit one.
+    for (std::int32_t& tok : in.logical) {
+      if (tok >= 0 && rng() % 4 == 0) tok |= s.block_size * d.size - 1;
+    }
+    const auto want = reference::convert_topk_dcp(in);
+    std::int64_t hits = 0;  // entries inside the table that map to -1
+    for (std::int64_t t = 0; t < s.T; ++t) {
+      for (std::int64_t j = 0; j < s.K; ++j) {
+        const std::int64_t p = in.logical[std::size_t(t * s.K + j)];
+        if (p < 0 || (p / d.interleave) % d.size != d.rank) continue;
+        const std::int64_t local = (p / (d.size * d.interleave)) * d.interleave + p % d.interleave;
+        if (local / s.block_size >= s.B) continue;
+        const std::int64_t block = in.block_table[std::size_t(in.req_id[std::size_t(t)] * s.B + local / s.block_size)];
+        hits += block * s.block_size + local % s.block_size == -1;
+      }
+    }
+    const Result got = convert(in, s.R, d);
+    EXPECT_EQ(got.physical, want.physical);
+    EXPECT_EQ(got.counts, want.valid_counts);
+    if (s.K >= 12) {
+      EXPECT_GT(hits, 0);  // the case is there to be taken
     }
   }
 }

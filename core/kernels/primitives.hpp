@@ -250,6 +250,21 @@ KOKKOS_INLINE_FUNCTION std::int32_t team_sum(const Member& team, std::int32_t th
   }
 }
 
+// Whether `value` holds on any thread of the team, on every thread. A barrier
+// (every thread calls it): team scratch written before it is read after it.
+template <class Member>
+KOKKOS_INLINE_FUNCTION bool team_any(const Member& team, bool value) {
+#if SPARSE_MLA_FORM_CUDA || SPARSE_MLA_FORM_HIP
+  (void)team;
+  return __syncthreads_or(value ? 1 : 0) != 0;
+#else
+  team.team_barrier();
+  int any = value ? 1 : 0;
+  team.team_reduce(Kokkos::Max<int>(any));
+  return any != 0;
+#endif
+}
+
 // Words of team scratch team_exclusive_sum() needs per call: one per lane
 // group of a team of up to 1024 threads.
 inline constexpr std::int32_t team_exclusive_sum_words = 32;
@@ -379,7 +394,7 @@ template <int Ints, class Member>
 KOKKOS_INLINE_FUNCTION std::int32_t* team_ints(const Member& team) {
 #if SPARSE_MLA_FORM_CUDA || SPARSE_MLA_FORM_HIP
   (void)team;
-  __shared__ std::int32_t ints[Ints];
+  alignas(16) __shared__ std::int32_t ints[Ints];
   return ints;
 #else
   return static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(sizeof(std::int32_t) * Ints));

@@ -131,12 +131,40 @@ KOKKOS_INLINE_FUNCTION std::int32_t start_of(const Map& m, std::int32_t p) {
     return m.start(p);
   }
 }
+// A unit's table entries (its loads, issued) and, once they are in, its
+// physical rows; finish_unit() returns the unit's valid entries.
+template <bool Predicated, class Map>
+KOKKOS_INLINE_FUNCTION std::int32_t start_unit(const Map& m, std::int32_t v) {
+  return start_of<Predicated>(m, v);
+}
+template <bool Predicated, class Map>
+KOKKOS_INLINE_FUNCTION Int4 start_unit(const Map& m, const Int4& v) {
+  return Int4{start_of<Predicated>(m, v.x), start_of<Predicated>(m, v.y), start_of<Predicated>(m, v.z),
+              start_of<Predicated>(m, v.w)};
+}
+template <class Map>
+KOKKOS_INLINE_FUNCTION std::int32_t finish_unit(const Map& m, std::int32_t& v, std::int32_t s) {
+  v = m.finish(v, s);
+  return v != -1;
+}
+template <class Map>
+KOKKOS_INLINE_FUNCTION std::int32_t finish_unit(const Map& m, Int4& v, const Int4& s) {
+  v = Int4{m.finish(v.x, s.x), m.finish(v.y, s.y), m.finish(v.z, s.z), m.finish(v.w, s.w)};
+  return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
+}
 template <bool Predicated = false, class Map>
 KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, Int4& v) {
-  const std::int32_t s0 = start_of<Predicated>(m, v.x), s1 = start_of<Predicated>(m, v.y),
-                     s2 = start_of<Predicated>(m, v.z), s3 = start_of<Predicated>(m, v.w);
-  v = Int4{m.finish(v.x, s0), m.finish(v.y, s1), m.finish(v.z, s2), m.finish(v.w, s3)};
-  return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
+  return finish_unit(m, v, start_unit<Predicated>(m, v));
+}
+// Entries of a unit inside the table: its valid count unless a table entry
+// maps a position to -1 itself (start * stride + offset wrapping to -1).
+template <class Split>
+KOKKOS_INLINE_FUNCTION std::int32_t inside_unit(const TableMap<Split>& m, std::int32_t v) {
+  return m.inside(v);
+}
+template <class Split>
+KOKKOS_INLINE_FUNCTION std::int32_t inside_unit(const TableMap<Split>& m, const Int4& v) {
+  return m.inside(v.x) + m.inside(v.y) + m.inside(v.z) + m.inside(v.w);
 }
 
 // The DCP policy of a launch. NoDcp: the plain conversion. Dcp<Compact>:
@@ -186,6 +214,83 @@ KOKKOS_INLINE_FUNCTION void store_valid(std::int32_t* out, std::int32_t at, cons
   if (v.y != -1) out[at++] = v.y;
   if (v.z != -1) out[at++] = v.z;
   if (v.w != -1) out[at] = v.w;
+}
+
+// A unit of a staged compacted row: entries [E * q, E * q + E) of `stage`,
+// -1 from `valid` on.
+KOKKOS_INLINE_FUNCTION std::int32_t staged_unit(const std::int32_t* stage, std::int32_t q, std::int32_t valid,
+                                                const std::int32_t*) {
+  return q < valid ? stage[q] : -1;
+}
+KOKKOS_INLINE_FUNCTION Int4 staged_unit(const std::int32_t* stage, std::int32_t q, std::int32_t valid, const Int4*) {
+  const Int4 s = reinterpret_cast<const Int4*>(stage)[q];
+  const std::int32_t e = 4 * q;
+  return Int4{e < valid ? s.x : -1, e + 1 < valid ? s.y : -1, e + 2 < valid ? s.z : -1, e + 3 < valid ? s.w : -1};
+}
+
+// Ints of team scratch store_compacted() needs for N units a thread of
+// `threads`, and its stage's place in them (16-byte aligned: team scratch
+// need not be).
+KOKKOS_INLINE_FUNCTION constexpr std::size_t staged_ints(int units, int threads, int unit_entries) {
+  return device::team_round_ints(units) + static_cast<std::size_t>(units) * threads * unit_entries + 3;
+}
+KOKKOS_INLINE_FUNCTION std::int32_t* stage_of(std::int32_t* scratch, int units) {
+  const auto at = reinterpret_cast<std::uintptr_t>(scratch + device::team_round_ints(units));
+  return reinterpret_cast<std::int32_t*>((at + 15) & ~std::uintptr_t{15});
+}
+
+// A compacted row of one round (SPEC 2a), through team scratch: each
+// thread's valid entries go to the stage at their input-order offsets, and
+// after a barrier each thread stores its own units of the row from there,
+// -1 from the valid count on, so that the row is written as the plain
+// conversion writes it (whole units, coalesced, no tail pass).
+//
+// v[u] is the row's unit rank + u * threads (present below `units`), with
+// its local positions; the function maps it through the table. The offsets
+// come from the entries inside the table, which need no table entry, while
+// the table loads are in flight; a table entry that maps a position to -1
+// (a table value the kernel does not check) makes the team redo the offsets
+// from the mapped units. Returns the row's valid count, on every thread.
+template <bool Predicated, int N, class Split, class Unit, class Member>
+KOKKOS_INLINE_FUNCTION std::int32_t store_compacted(const Member& team, std::int32_t threads, std::int32_t rank,
+                                                    const TableMap<Split>& m, Unit (&v)[N], Unit* out,
+                                                    std::int32_t units, std::int32_t* scratch) {
+  constexpr int unit_entries = entries(static_cast<const Unit*>(nullptr));
+  std::int32_t* stage = stage_of(scratch, N);
+  Unit start[N] = {};
+  std::int32_t count[N], before[N], total = 0;
+  for (int u = 0; u < N; ++u) {
+    count[u] = 0;
+    if (rank + u * threads < units) {
+      start[u] = start_unit<Predicated>(m, v[u]);
+      count[u] = inside_unit(m, v[u]);
+    }
+  }
+  int parity = 0;
+  device::team_round_offsets<N, unit_entries>(team, threads, count, before, total, scratch, parity);
+  bool unexpected = false;
+  for (int u = 0; u < N; ++u) {
+    if (rank + u * threads < units) {
+      const std::int32_t valid = finish_unit(m, v[u], start[u]);
+      unexpected |= valid != count[u];
+      count[u] = valid;
+    }
+  }
+  for (int u = 0; u < N; ++u) {
+    if (rank + u * threads < units) store_valid(stage, before[u], v[u]);
+  }
+  if (device::team_any(team, unexpected)) {
+    device::team_round_offsets<N, unit_entries>(team, threads, count, before, total, scratch, parity);
+    for (int u = 0; u < N; ++u) {
+      if (rank + u * threads < units) store_valid(stage, before[u], v[u]);
+    }
+    team.team_barrier();
+  }
+  for (int u = 0; u < N; ++u) {
+    const std::int32_t q = rank + u * threads;
+    if (q < units) out[q] = staged_unit(stage, q, total, static_cast<const Unit*>(nullptr));
+  }
+  return total;
 }
 
 // A compacted row's tail: entries [valid, count) of `out` become -1, as
@@ -293,26 +398,47 @@ struct Convert {
     }
   }
 
+  // Ints of team scratch a team of `threads` takes for rows of `units`: a
+  // compacted row of one round is staged (store_compacted()), a longer one
+  // takes the round offsets' scratch; the plain row takes the team sum's.
+  KOKKOS_INLINE_FUNCTION static std::size_t scratch_ints(std::int32_t threads, std::int64_t units) {
+    if (!Dcp::compact) return device::team_sum_ints(threads);
+    if (units <= std::int64_t{UnitsInFlight} * threads) {
+      return staged_ints(UnitsInFlight, threads, entries(static_cast<const Unit*>(nullptr)));
+    }
+    return device::team_round_ints(1);
+  }
+
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const std::int64_t t = team.league_rank();
     const std::int32_t rank = team.team_rank();
     const std::int32_t threads = team.team_size();
     const std::int32_t units = p.num_topk / entries(static_cast<const Unit*>(nullptr));
-    auto* partial = static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(
-        sizeof(std::int32_t) * (Dcp::compact ? device::team_round_ints(1) : device::team_sum_ints(threads))));
+    auto* partial = static_cast<std::int32_t*>(
+        team.team_scratch(0).get_shmem(sizeof(std::int32_t) * scratch_ints(threads, units)));
 
     // The first round's indices and the request id go out together.
     const Unit* in = reinterpret_cast<const Unit*>(p.logical + t * p.logical_stride);
+    Unit v[UnitsInFlight];
     if constexpr (Dcp::compact) {
+      const bool one_round = units <= UnitsInFlight * threads;
+      if (one_round) load(in, v, rank, threads, units);
       const std::int32_t req = p.req_id[t];
       const TableMap<Split> m{p.block_table + req * p.block_table_stride, p.limit, p.split, p.block_stride_rows};
       std::int32_t* row = p.physical + t * p.physical_stride;
-      const std::int32_t valid = compact_row(team, m, in, row, rank, threads, units, partial);
-      fill_tail<Unit>(team, row, valid, p.num_topk);
+      std::int32_t valid = 0;
+      if (one_round) {
+        for (int u = 0; u < UnitsInFlight; ++u) {
+          if (rank + u * threads < units) dcp.localize(v[u]);
+        }
+        valid = store_compacted<false>(team, threads, rank, m, v, reinterpret_cast<Unit*>(row), units, partial);
+      } else {
+        valid = compact_row(team, m, in, row, rank, threads, units, partial);
+        fill_tail<Unit>(team, row, valid, p.num_topk);
+      }
       if (rank == 0) p.valid_counts[t] = valid;
       return;
     }
-    Unit v[UnitsInFlight];
     load(in, v, rank, threads, units);
     const std::int32_t req = p.req_id[t];
     const std::int32_t workspace = Workspace ? p.workspace_request[t] : -1;
@@ -354,13 +480,18 @@ struct RoundParams {
   std::int32_t* valid_counts;  // or nullptr
 };
 
-// The team sum's or scan's partials of a team of Threads: none for a team of
-// one (host spaces), else device::team_ints (a constant address on GPUs).
-template <int Threads, int ScanUnits, class Member>
+// The team scratch of a team of Threads: the team sum's partials (none for
+// a team of one, on host spaces), or for compacted rows the scratch of
+// store_compacted() (one round a row) and compact_round() (rows of several
+// rounds take its first part). device::team_ints: a constant address on GPUs.
+template <int Threads, int UnitsInFlight, bool Compact>
+KOKKOS_INLINE_FUNCTION constexpr std::size_t round_scratch_ints() {
+  return Compact ? staged_ints(UnitsInFlight, Threads, 4) : device::team_sum_ints(Threads);
+}
+template <int Threads, int UnitsInFlight, bool Compact, class Member>
 KOKKOS_INLINE_FUNCTION std::int32_t* round_partials(const Member& team) {
-  constexpr std::size_t ints = ScanUnits > 0 ? device::team_round_ints(ScanUnits) : device::team_sum_ints(Threads);
-  if constexpr (Threads > 1) {
-    return device::team_ints<static_cast<int>(ints)>(team);
+  if constexpr (Threads > 1 || Compact) {
+    return device::team_ints<static_cast<int>(round_scratch_ints<Threads, UnitsInFlight, Compact>())>(team);
   } else {
     (void)team;
     return nullptr;
@@ -426,7 +557,7 @@ struct ConvertRounds {
     Int4 v[UnitsInFlight];
     load(in, v);
     const std::int32_t req = p.req_id[t];
-    std::int32_t* partial = round_partials<Threads, Dcp::compact ? UnitsInFlight : 0>(team);
+    std::int32_t* partial = round_partials<Threads, UnitsInFlight, Dcp::compact>(team);
     if (!Dcp::compact && p.valid_counts != nullptr) device::begin_team_sum(team, Threads, partial);
 
     // req_id names a row of the table (SPEC), so it is not negative.
@@ -434,14 +565,21 @@ struct ConvertRounds {
                             p.split, p.block_stride_rows};
     if constexpr (Dcp::compact) {
       std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
-      int parity = 0;
-      std::int32_t valid = compact_round(team, m, v, row, 0, partial, parity);
-      for (std::int32_t r = 1; r < p.rounds; ++r) {
-        in += UnitsInFlight * Threads;
-        load(in, v);
-        valid += compact_round(team, m, v, row, valid, partial, parity);
+      std::int32_t valid = 0;
+      if (p.rounds == 1) {
+        for (int u = 0; u < UnitsInFlight; ++u) dcp.localize(v[u]);
+        valid = store_compacted<true>(team, Threads, rank, m, v, reinterpret_cast<Int4*>(row), UnitsInFlight * Threads,
+                                      partial);
+      } else {
+        int parity = 0;
+        valid = compact_round(team, m, v, row, 0, partial, parity);
+        for (std::int32_t r = 1; r < p.rounds; ++r) {
+          in += UnitsInFlight * Threads;
+          load(in, v);
+          valid += compact_round(team, m, v, row, valid, partial, parity);
+        }
+        fill_tail<Int4>(team, row, valid, p.rounds * UnitsInFlight * Threads * 4);
       }
-      fill_tail<Int4>(team, row, valid, p.rounds * UnitsInFlight * Threads * 4);
       if (rank == 0) p.valid_counts[t] = valid;
       return;
     }
@@ -462,10 +600,12 @@ struct ConvertRounds {
 
 template <class Space, class Unit, int UnitsInFlight, class Split, class Dcp>
 void launch(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, int threads) {
+  using DcpKernel = Convert<Space, Split, Unit, UnitsInFlight, false, Dcp>;
+  const std::int64_t units = p.num_topk / entries(static_cast<const Unit*>(nullptr));
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), threads);
-  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * (Dcp::compact ? device::team_round_ints(1) : device::team_sum_ints(threads))));
+  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * DcpKernel::scratch_ints(threads, units)));
   if constexpr (Dcp::filter) {  // no prefill workspace with DCP (checked by the operation)
-    Kokkos::parallel_for("sparse_mla::convert_topk_dcp", policy, Convert<Space, Split, Unit, UnitsInFlight, false, Dcp>{p, dcp});
+    Kokkos::parallel_for("sparse_mla::convert_topk_dcp", policy, DcpKernel{p, dcp});
   } else if (p.workspace_request != nullptr) {
     Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, true>{p, dcp});
   } else {
@@ -498,8 +638,10 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
                              p.valid_counts};
   static_assert(Threads == 1 || !is_host_space<Space>, "host spaces run teams of one (round_partials)");
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), Threads);
-  if (!device::static_team_ints && Threads > 1) {  // round_partials() takes team scratch
-    constexpr std::size_t ints = Dcp::compact ? device::team_round_ints(UnitsInFlight) : device::team_sum_ints(Threads);
+  // round_partials() takes team scratch where it has no static array: in
+  // portable builds, and on host spaces (their pass has none).
+  if ((!device::static_team_ints || is_host_space<Space>) && (Threads > 1 || Dcp::compact)) {
+    constexpr std::size_t ints = round_scratch_ints<Threads, UnitsInFlight, Dcp::compact>();
     policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * ints));
   }
   Kokkos::parallel_for(Dcp::filter ? "sparse_mla::convert_topk_dcp_rounds" : "sparse_mla::convert_topk_rounds", policy,
