@@ -116,11 +116,6 @@ struct WorkspaceMap {
   }
 };
 
-template <class Map>
-KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, std::int32_t& v) {
-  v = m.finish(v, m.start(v));
-  return v != -1;
-}
 // A position's table entry, loaded branch-free (start()) or only for a
 // position inside the table (Predicated: TableMap::start_inside()).
 template <bool Predicated, class Map>
@@ -152,8 +147,9 @@ KOKKOS_INLINE_FUNCTION std::int32_t finish_unit(const Map& m, Int4& v, const Int
   v = Int4{m.finish(v.x, s.x), m.finish(v.y, s.y), m.finish(v.z, s.z), m.finish(v.w, s.w)};
   return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
 }
-template <bool Predicated = false, class Map>
-KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, Int4& v) {
+// A unit mapped in place; returns its valid entries.
+template <bool Predicated = false, class Map, class Unit>
+KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, Unit& v) {
   return finish_unit(m, v, start_unit<Predicated>(m, v));
 }
 // Entries of a unit inside the table: its valid count unless a table entry
@@ -228,68 +224,90 @@ KOKKOS_INLINE_FUNCTION Int4 staged_unit(const std::int32_t* stage, std::int32_t 
   return Int4{e < valid ? s.x : -1, e + 1 < valid ? s.y : -1, e + 2 < valid ? s.z : -1, e + 3 < valid ? s.w : -1};
 }
 
-// Ints of team scratch store_compacted() needs for N units a thread of
-// `threads`, and its stage's place in them (16-byte aligned: team scratch
-// need not be).
-KOKKOS_INLINE_FUNCTION constexpr std::size_t staged_ints(int units, int threads, int unit_entries) {
-  return device::team_round_ints(units) + static_cast<std::size_t>(units) * threads * unit_entries + 3;
+// Entries of a unit that are not -1.
+KOKKOS_INLINE_FUNCTION std::int32_t valid_entries(std::int32_t v) { return v != -1; }
+KOKKOS_INLINE_FUNCTION std::int32_t valid_entries(const Int4& v) {
+  return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
+}
+
+// Compacted rows of up to this many entries are staged (store_compacted()):
+// production rows (K = 2048), 8 KB of team scratch. Longer ones are
+// compacted straight into the row, which fill_tail() then completes.
+constexpr std::int32_t max_staged_entries = 2048;
+
+// Ints of team scratch store_compacted() needs for rows of `entries`
+// entries, N units a thread, and its stage's place in them (16-byte aligned:
+// team scratch need not be).
+KOKKOS_INLINE_FUNCTION constexpr std::size_t staged_ints(int units, std::int64_t entries) {
+  return device::team_round_ints(units) + static_cast<std::size_t>(entries) + 3;
 }
 KOKKOS_INLINE_FUNCTION std::int32_t* stage_of(std::int32_t* scratch, int units) {
   const auto at = reinterpret_cast<std::uintptr_t>(scratch + device::team_round_ints(units));
   return reinterpret_cast<std::int32_t*>((at + 15) & ~std::uintptr_t{15});
 }
 
-// A compacted row of one round (SPEC 2a), through team scratch: each
-// thread's valid entries go to the stage at their input-order offsets, and
-// after a barrier each thread stores its own units of the row from there,
-// -1 from the valid count on, so that the row is written as the plain
+// A compacted row (SPEC 2a) through team scratch: round by round, each
+// thread's valid entries go to the stage at their input-order offsets; after
+// a barrier each thread stores its own units of the row from the stage, -1
+// from the valid count on, so that the row is written as the plain
 // conversion writes it (whole units, coalesced, no tail pass).
 //
-// v[u] is the row's unit rank + u * threads (present below `units`), with
-// its local positions; the function maps it through the table. The offsets
-// come from the entries inside the table, which need no table entry, while
-// the table loads are in flight; a table entry that maps a position to -1
-// (a table value the kernel does not check) makes the team redo the offsets
-// from the mapped units. Returns the row's valid count, on every thread.
-template <bool Predicated, int N, class Split, class Unit, class Member>
+// The row is `units` units, rounds of N units a thread: unit q + u * threads
+// of the round at q - rank. v holds the first round's units with their local
+// positions; load_round(q, v) loads and localizes the round at q - rank. The
+// offsets of a round come from its entries inside the table, which need no
+// table entry, while its table loads are in flight; a table entry that maps
+// a position to -1 (a table value the kernel does not check) makes the team
+// redo the offsets from the mapped units. Returns the row's valid count, on
+// every thread.
+template <bool Predicated, int N, class Split, class Unit, class Member, class LoadRound>
 KOKKOS_INLINE_FUNCTION std::int32_t store_compacted(const Member& team, std::int32_t threads, std::int32_t rank,
                                                     const TableMap<Split>& m, Unit (&v)[N], Unit* out,
-                                                    std::int32_t units, std::int32_t* scratch) {
+                                                    std::int32_t units, std::int32_t* scratch, LoadRound&& load_round) {
   constexpr int unit_entries = entries(static_cast<const Unit*>(nullptr));
   std::int32_t* stage = stage_of(scratch, N);
-  Unit start[N] = {};
-  std::int32_t count[N], before[N], total = 0;
-  for (int u = 0; u < N; ++u) {
-    count[u] = 0;
-    if (rank + u * threads < units) {
-      start[u] = start_unit<Predicated>(m, v[u]);
-      count[u] = inside_unit(m, v[u]);
-    }
-  }
+  const std::int32_t step = N * threads;
+  std::int32_t count[N], before[N], total = 0, round_total = 0;
   int parity = 0;
-  device::team_round_offsets<N, unit_entries>(team, threads, count, before, total, scratch, parity);
   bool unexpected = false;
-  for (int u = 0; u < N; ++u) {
-    if (rank + u * threads < units) {
-      const std::int32_t valid = finish_unit(m, v[u], start[u]);
-      unexpected |= valid != count[u];
-      count[u] = valid;
+  for (std::int32_t q = rank; q - rank < units; q += step) {
+    if (q != rank) load_round(q, v);
+    Unit start[N] = {};
+    for (int u = 0; u < N; ++u) {
+      count[u] = 0;
+      if (q + u * threads < units) {
+        start[u] = start_unit<Predicated>(m, v[u]);
+        count[u] = inside_unit(m, v[u]);
+      }
     }
-  }
-  for (int u = 0; u < N; ++u) {
-    if (rank + u * threads < units) store_valid(stage, before[u], v[u]);
+    device::team_round_offsets<N, unit_entries>(team, threads, count, before, round_total, scratch, parity);
+    for (int u = 0; u < N; ++u) {
+      if (q + u * threads < units) {
+        unexpected |= finish_unit(m, v[u], start[u]) != count[u];
+        store_valid(stage, total + before[u], v[u]);
+      }
+    }
+    total += round_total;
   }
   if (device::team_any(team, unexpected)) {
-    device::team_round_offsets<N, unit_entries>(team, threads, count, before, total, scratch, parity);
-    for (int u = 0; u < N; ++u) {
-      if (rank + u * threads < units) store_valid(stage, before[u], v[u]);
+    // The offsets again, from the valid entries (rounds mapped again when
+    // there are several).
+    total = 0;
+    for (std::int32_t q = rank; q - rank < units; q += step) {
+      if (units > step) load_round(q, v);
+      for (int u = 0; u < N; ++u) {
+        count[u] = 0;
+        if (q + u * threads < units) count[u] = units > step ? map_unit<Predicated>(m, v[u]) : valid_entries(v[u]);
+      }
+      device::team_round_offsets<N, unit_entries>(team, threads, count, before, round_total, scratch, parity);
+      for (int u = 0; u < N; ++u) {
+        if (q + u * threads < units) store_valid(stage, total + before[u], v[u]);
+      }
+      total += round_total;
     }
     team.team_barrier();
   }
-  for (int u = 0; u < N; ++u) {
-    const std::int32_t q = rank + u * threads;
-    if (q < units) out[q] = staged_unit(stage, q, total, static_cast<const Unit*>(nullptr));
-  }
+  for (std::int32_t q = rank; q < units; q += threads) out[q] = staged_unit(stage, q, total, static_cast<const Unit*>(nullptr));
   return total;
 }
 
@@ -398,14 +416,16 @@ struct Convert {
     }
   }
 
+  // Whether a compacted row of `units` units is staged (store_compacted()).
+  KOKKOS_INLINE_FUNCTION static bool staged(std::int64_t units) {
+    return units * entries(static_cast<const Unit*>(nullptr)) <= max_staged_entries;
+  }
   // Ints of team scratch a team of `threads` takes for rows of `units`: a
-  // compacted row of one round is staged (store_compacted()), a longer one
-  // takes the round offsets' scratch; the plain row takes the team sum's.
+  // staged row's, else the round offsets' of compact_row(); the plain row
+  // takes the team sum's.
   KOKKOS_INLINE_FUNCTION static std::size_t scratch_ints(std::int32_t threads, std::int64_t units) {
     if (!Dcp::compact) return device::team_sum_ints(threads);
-    if (units <= std::int64_t{UnitsInFlight} * threads) {
-      return staged_ints(UnitsInFlight, threads, entries(static_cast<const Unit*>(nullptr)));
-    }
+    if (staged(units)) return staged_ints(UnitsInFlight, units * entries(static_cast<const Unit*>(nullptr)));
     return device::team_round_ints(1);
   }
 
@@ -421,17 +441,24 @@ struct Convert {
     const Unit* in = reinterpret_cast<const Unit*>(p.logical + t * p.logical_stride);
     Unit v[UnitsInFlight];
     if constexpr (Dcp::compact) {
-      const bool one_round = units <= UnitsInFlight * threads;
-      if (one_round) load(in, v, rank, threads, units);
+      const bool staged_row = staged(units);
+      const auto load_round = [&](std::int32_t q, Unit(&round)[UnitsInFlight]) {
+        load(in, round, q, threads, units);
+        for (int u = 0; u < UnitsInFlight; ++u) {
+          if (q + u * threads < units) dcp.localize(round[u]);
+        }
+      };
+      if (staged_row) load(in, v, rank, threads, units);
       const std::int32_t req = p.req_id[t];
       const TableMap<Split> m{p.block_table + req * p.block_table_stride, p.limit, p.split, p.block_stride_rows};
       std::int32_t* row = p.physical + t * p.physical_stride;
       std::int32_t valid = 0;
-      if (one_round) {
+      if (staged_row) {
         for (int u = 0; u < UnitsInFlight; ++u) {
           if (rank + u * threads < units) dcp.localize(v[u]);
         }
-        valid = store_compacted<false>(team, threads, rank, m, v, reinterpret_cast<Unit*>(row), units, partial);
+        valid = store_compacted<false>(team, threads, rank, m, v, reinterpret_cast<Unit*>(row), units, partial,
+                                       load_round);
       } else {
         valid = compact_row(team, m, in, row, rank, threads, units, partial);
         fill_tail<Unit>(team, row, valid, p.num_topk);
@@ -482,11 +509,13 @@ struct RoundParams {
 
 // The team scratch of a team of Threads: the team sum's partials (none for
 // a team of one, on host spaces), or for compacted rows the scratch of
-// store_compacted() (one round a row) and compact_round() (rows of several
-// rounds take its first part). device::team_ints: a constant address on GPUs.
+// store_compacted() (rows up to max_staged_entries) and compact_round()
+// (longer rows take its first part). device::team_ints: a constant address
+// on GPUs.
 template <int Threads, int UnitsInFlight, bool Compact>
 KOKKOS_INLINE_FUNCTION constexpr std::size_t round_scratch_ints() {
-  return Compact ? staged_ints(UnitsInFlight, Threads, 4) : device::team_sum_ints(Threads);
+  static_assert(Threads * UnitsInFlight * 4 <= max_staged_entries, "a round fits the stage");
+  return Compact ? staged_ints(UnitsInFlight, max_staged_entries) : device::team_sum_ints(Threads);
 }
 template <int Threads, int UnitsInFlight, bool Compact, class Member>
 KOKKOS_INLINE_FUNCTION std::int32_t* round_partials(const Member& team) {
@@ -566,10 +595,16 @@ struct ConvertRounds {
     if constexpr (Dcp::compact) {
       std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
       std::int32_t valid = 0;
-      if (p.rounds == 1) {
+      constexpr std::int32_t round_units = UnitsInFlight * Threads;
+      if (p.rounds * round_units * 4 <= max_staged_entries) {
         for (int u = 0; u < UnitsInFlight; ++u) dcp.localize(v[u]);
-        valid = store_compacted<true>(team, Threads, rank, m, v, reinterpret_cast<Int4*>(row), UnitsInFlight * Threads,
-                                      partial);
+        const Int4* first = in - rank;
+        const auto load_round = [&](std::int32_t q, Int4(&round)[UnitsInFlight]) {
+          load(first + q, round);
+          for (int u = 0; u < UnitsInFlight; ++u) dcp.localize(round[u]);
+        };
+        valid = store_compacted<true>(team, Threads, rank, m, v, reinterpret_cast<Int4*>(row), p.rounds * round_units,
+                                      partial, load_round);
       } else {
         int parity = 0;
         valid = compact_round(team, m, v, row, 0, partial, parity);
