@@ -50,8 +50,9 @@ const DcpShape shapes[] = {
     {3, 4096, 2, 70, 64},    // two whole rounds
     {4, 384, 2, 12, 48},     // block size not a power of two
     {5, 16, 2, 4, 8},        // K = 16: one whole round on host spaces
-    {3, 12, 2, 4, 8},        // K = 12: one round of the general kernel on host spaces
+    {3, 12, 2, 4, 8},        // K = 12: 16-byte units, not a whole round
     {20, 4100, 2, 70, 64},   // rounds of the general kernel on GPUs
+    {5, 1001, 2, 40, 64},    // single entries over several rounds
 };
 
 // Positions of the whole (global) context: most inside some rank's share,
@@ -147,9 +148,17 @@ TEST_P(TopkConvertDcpTest, ATableEntryThatMapsToMinusOneIsNotCounted) {
     SCOPED_TRACE(describe(s, d));
     auto in = random_inputs(rng, s, d);
     for (std::int32_t& block : in.block_table) block = rng() % 2 ? -1 : block;
-    // Positions with the last offset of a block, so that most rows hit one.
+    // Positions with the last offset of a block, so that most rows hit one;
+    // and in every row, entry 0 at this rank's local position
+    // block_size - 1, whose block is -1 in every request's table.
     for (std::int32_t& tok : in.logical) {
       if (tok >= 0 && rng() % 4 == 0) tok |= s.block_size * d.size - 1;
+    }
+    const std::int64_t last = s.block_size - 1;
+    for (std::int64_t r = 0; r < s.R; ++r) in.block_table[std::size_t(r * s.B)] = -1;
+    for (std::int64_t t = 0; t < s.T; ++t) {
+      in.logical[std::size_t(t * s.K)] =
+          static_cast<std::int32_t>(last / d.interleave * d.size * d.interleave + d.rank * d.interleave + last % d.interleave);
     }
     const auto want = reference::convert_topk_dcp(in);
     std::int64_t hits = 0;  // entries inside the table that map to -1
@@ -166,9 +175,7 @@ TEST_P(TopkConvertDcpTest, ATableEntryThatMapsToMinusOneIsNotCounted) {
     const Result got = convert(in, s.R, d);
     EXPECT_EQ(got.physical, want.physical);
     EXPECT_EQ(got.counts, want.valid_counts);
-    if (s.K >= 12) {
-      EXPECT_GT(hits, 0);  // the case is there to be taken
-    }
+    EXPECT_GE(hits, s.T);  // the case is there to be taken, in every row
   }
 }
 

@@ -250,8 +250,9 @@ KOKKOS_INLINE_FUNCTION std::int32_t team_sum(const Member& team, std::int32_t th
   }
 }
 
-// Whether `value` holds on any thread of the team, on every thread. A barrier
-// (every thread calls it): team scratch written before it is read after it.
+// Whether `value` holds on any thread of the team, on every thread. A
+// barrier (every thread calls it): the team's memory accesses before it are
+// visible to the team after it.
 template <class Member>
 KOKKOS_INLINE_FUNCTION bool team_any(const Member& team, bool value) {
 #if SPARSE_MLA_FORM_CUDA || SPARSE_MLA_FORM_HIP
@@ -394,7 +395,7 @@ template <int Ints, class Member>
 KOKKOS_INLINE_FUNCTION std::int32_t* team_ints(const Member& team) {
 #if SPARSE_MLA_FORM_CUDA || SPARSE_MLA_FORM_HIP
   (void)team;
-  alignas(16) __shared__ std::int32_t ints[Ints];
+  __shared__ std::int32_t ints[Ints];
   return ints;
 #else
   return static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(sizeof(std::int32_t) * Ints));

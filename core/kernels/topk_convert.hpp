@@ -152,15 +152,15 @@ template <bool Predicated = false, class Map, class Unit>
 KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, Unit& v) {
   return finish_unit(m, v, start_unit<Predicated>(m, v));
 }
-// Entries of a unit inside the table: its valid count unless a table entry
+// Entries of a unit inside the table: its valid count, unless a table entry
 // maps a position to -1 itself (start * stride + offset wrapping to -1).
-template <class Split>
-KOKKOS_INLINE_FUNCTION std::int32_t inside_unit(const TableMap<Split>& m, std::int32_t v) {
-  return m.inside(v);
-}
 template <class Split>
 KOKKOS_INLINE_FUNCTION std::int32_t inside_unit(const TableMap<Split>& m, const Int4& v) {
   return m.inside(v.x) + m.inside(v.y) + m.inside(v.z) + m.inside(v.w);
+}
+// Entries of a unit that are not -1.
+KOKKOS_INLINE_FUNCTION std::int32_t valid_entries(const Int4& v) {
+  return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
 }
 
 // The DCP policy of a launch. NoDcp: the plain conversion. Dcp<Compact>:
@@ -210,105 +210,6 @@ KOKKOS_INLINE_FUNCTION void store_valid(std::int32_t* out, std::int32_t at, cons
   if (v.y != -1) out[at++] = v.y;
   if (v.z != -1) out[at++] = v.z;
   if (v.w != -1) out[at] = v.w;
-}
-
-// A unit of a staged compacted row: entries [E * q, E * q + E) of `stage`,
-// -1 from `valid` on.
-KOKKOS_INLINE_FUNCTION std::int32_t staged_unit(const std::int32_t* stage, std::int32_t q, std::int32_t valid,
-                                                const std::int32_t*) {
-  return q < valid ? stage[q] : -1;
-}
-KOKKOS_INLINE_FUNCTION Int4 staged_unit(const std::int32_t* stage, std::int32_t q, std::int32_t valid, const Int4*) {
-  const Int4 s = reinterpret_cast<const Int4*>(stage)[q];
-  const std::int32_t e = 4 * q;
-  return Int4{e < valid ? s.x : -1, e + 1 < valid ? s.y : -1, e + 2 < valid ? s.z : -1, e + 3 < valid ? s.w : -1};
-}
-
-// Entries of a unit that are not -1.
-KOKKOS_INLINE_FUNCTION std::int32_t valid_entries(std::int32_t v) { return v != -1; }
-KOKKOS_INLINE_FUNCTION std::int32_t valid_entries(const Int4& v) {
-  return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
-}
-
-// Compacted rows of up to this many entries are staged (store_compacted()):
-// production rows (K = 2048), 8 KB of team scratch. Longer ones are
-// compacted straight into the row, which fill_tail() then completes.
-constexpr std::int32_t max_staged_entries = 2048;
-
-// Ints of team scratch store_compacted() needs for rows of `entries`
-// entries, N units a thread, and its stage's place in them (16-byte aligned:
-// team scratch need not be).
-KOKKOS_INLINE_FUNCTION constexpr std::size_t staged_ints(int units, std::int64_t entries) {
-  return device::team_round_ints(units) + static_cast<std::size_t>(entries) + 3;
-}
-KOKKOS_INLINE_FUNCTION std::int32_t* stage_of(std::int32_t* scratch, int units) {
-  const auto at = reinterpret_cast<std::uintptr_t>(scratch + device::team_round_ints(units));
-  return reinterpret_cast<std::int32_t*>((at + 15) & ~std::uintptr_t{15});
-}
-
-// A compacted row (SPEC 2a) through team scratch: round by round, each
-// thread's valid entries go to the stage at their input-order offsets; after
-// a barrier each thread stores its own units of the row from the stage, -1
-// from the valid count on, so that the row is written as the plain
-// conversion writes it (whole units, coalesced, no tail pass).
-//
-// The row is `units` units, rounds of N units a thread: unit q + u * threads
-// of the round at q - rank. v holds the first round's units with their local
-// positions; load_round(q, v) loads and localizes the round at q - rank. The
-// offsets of a round come from its entries inside the table, which need no
-// table entry, while its table loads are in flight; a table entry that maps
-// a position to -1 (a table value the kernel does not check) makes the team
-// redo the offsets from the mapped units. Returns the row's valid count, on
-// every thread.
-template <bool Predicated, int N, class Split, class Unit, class Member, class LoadRound>
-KOKKOS_INLINE_FUNCTION std::int32_t store_compacted(const Member& team, std::int32_t threads, std::int32_t rank,
-                                                    const TableMap<Split>& m, Unit (&v)[N], Unit* out,
-                                                    std::int32_t units, std::int32_t* scratch, LoadRound&& load_round) {
-  constexpr int unit_entries = entries(static_cast<const Unit*>(nullptr));
-  std::int32_t* stage = stage_of(scratch, N);
-  const std::int32_t step = N * threads;
-  std::int32_t count[N], before[N], total = 0, round_total = 0;
-  int parity = 0;
-  bool unexpected = false;
-  for (std::int32_t q = rank; q - rank < units; q += step) {
-    if (q != rank) load_round(q, v);
-    Unit start[N] = {};
-    for (int u = 0; u < N; ++u) {
-      count[u] = 0;
-      if (q + u * threads < units) {
-        start[u] = start_unit<Predicated>(m, v[u]);
-        count[u] = inside_unit(m, v[u]);
-      }
-    }
-    device::team_round_offsets<N, unit_entries>(team, threads, count, before, round_total, scratch, parity);
-    for (int u = 0; u < N; ++u) {
-      if (q + u * threads < units) {
-        unexpected |= finish_unit(m, v[u], start[u]) != count[u];
-        store_valid(stage, total + before[u], v[u]);
-      }
-    }
-    total += round_total;
-  }
-  if (device::team_any(team, unexpected)) {
-    // The offsets again, from the valid entries (rounds mapped again when
-    // there are several).
-    total = 0;
-    for (std::int32_t q = rank; q - rank < units; q += step) {
-      if (units > step) load_round(q, v);
-      for (int u = 0; u < N; ++u) {
-        count[u] = 0;
-        if (q + u * threads < units) count[u] = units > step ? map_unit<Predicated>(m, v[u]) : valid_entries(v[u]);
-      }
-      device::team_round_offsets<N, unit_entries>(team, threads, count, before, round_total, scratch, parity);
-      for (int u = 0; u < N; ++u) {
-        if (q + u * threads < units) store_valid(stage, total + before[u], v[u]);
-      }
-      total += round_total;
-    }
-    team.team_barrier();
-  }
-  for (std::int32_t q = rank; q < units; q += threads) out[q] = staged_unit(stage, q, total, static_cast<const Unit*>(nullptr));
-  return total;
 }
 
 // A compacted row's tail: entries [valid, count) of `out` become -1, as
@@ -416,56 +317,26 @@ struct Convert {
     }
   }
 
-  // Whether a compacted row of `units` units is staged (store_compacted()).
-  KOKKOS_INLINE_FUNCTION static bool staged(std::int64_t units) {
-    return units * entries(static_cast<const Unit*>(nullptr)) <= max_staged_entries;
-  }
-  // Ints of team scratch a team of `threads` takes for rows of `units`: a
-  // staged row's, else the round offsets' of compact_row(); the plain row
-  // takes the team sum's.
-  KOKKOS_INLINE_FUNCTION static std::size_t scratch_ints(std::int32_t threads, std::int64_t units) {
-    if (!Dcp::compact) return device::team_sum_ints(threads);
-    if (staged(units)) return staged_ints(UnitsInFlight, units * entries(static_cast<const Unit*>(nullptr)));
-    return device::team_round_ints(1);
-  }
-
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const std::int64_t t = team.league_rank();
     const std::int32_t rank = team.team_rank();
     const std::int32_t threads = team.team_size();
     const std::int32_t units = p.num_topk / entries(static_cast<const Unit*>(nullptr));
-    auto* partial = static_cast<std::int32_t*>(
-        team.team_scratch(0).get_shmem(sizeof(std::int32_t) * scratch_ints(threads, units)));
+    auto* partial = static_cast<std::int32_t*>(team.team_scratch(0).get_shmem(
+        sizeof(std::int32_t) * (Dcp::compact ? device::team_round_ints(1) : device::team_sum_ints(threads))));
 
     // The first round's indices and the request id go out together.
     const Unit* in = reinterpret_cast<const Unit*>(p.logical + t * p.logical_stride);
-    Unit v[UnitsInFlight];
     if constexpr (Dcp::compact) {
-      const bool staged_row = staged(units);
-      const auto load_round = [&](std::int32_t q, Unit(&round)[UnitsInFlight]) {
-        load(in, round, q, threads, units);
-        for (int u = 0; u < UnitsInFlight; ++u) {
-          if (q + u * threads < units) dcp.localize(round[u]);
-        }
-      };
-      if (staged_row) load(in, v, rank, threads, units);
       const std::int32_t req = p.req_id[t];
       const TableMap<Split> m{p.block_table + req * p.block_table_stride, p.limit, p.split, p.block_stride_rows};
       std::int32_t* row = p.physical + t * p.physical_stride;
-      std::int32_t valid = 0;
-      if (staged_row) {
-        for (int u = 0; u < UnitsInFlight; ++u) {
-          if (rank + u * threads < units) dcp.localize(v[u]);
-        }
-        valid = store_compacted<false>(team, threads, rank, m, v, reinterpret_cast<Unit*>(row), units, partial,
-                                       load_round);
-      } else {
-        valid = compact_row(team, m, in, row, rank, threads, units, partial);
-        fill_tail<Unit>(team, row, valid, p.num_topk);
-      }
+      const std::int32_t valid = compact_row(team, m, in, row, rank, threads, units, partial);
+      fill_tail<Unit>(team, row, valid, p.num_topk);
       if (rank == 0) p.valid_counts[t] = valid;
       return;
     }
+    Unit v[UnitsInFlight];
     load(in, v, rank, threads, units);
     const std::int32_t req = p.req_id[t];
     const std::int32_t workspace = Workspace ? p.workspace_request[t] : -1;
@@ -507,20 +378,13 @@ struct RoundParams {
   std::int32_t* valid_counts;  // or nullptr
 };
 
-// The team scratch of a team of Threads: the team sum's partials (none for
-// a team of one, on host spaces), or for compacted rows the scratch of
-// store_compacted() (rows up to max_staged_entries) and compact_round()
-// (longer rows take its first part). device::team_ints: a constant address
-// on GPUs.
-template <int Threads, int UnitsInFlight, bool Compact>
-KOKKOS_INLINE_FUNCTION constexpr std::size_t round_scratch_ints() {
-  static_assert(Threads * UnitsInFlight * 4 <= max_staged_entries, "a round fits the stage");
-  return Compact ? staged_ints(UnitsInFlight, max_staged_entries) : device::team_sum_ints(Threads);
-}
-template <int Threads, int UnitsInFlight, bool Compact, class Member>
+// The team sum's or scan's partials of a team of Threads: none for a team of
+// one (host spaces), else device::team_ints (a constant address on GPUs).
+template <int Threads, int ScanUnits, class Member>
 KOKKOS_INLINE_FUNCTION std::int32_t* round_partials(const Member& team) {
-  if constexpr (Threads > 1 || Compact) {
-    return device::team_ints<static_cast<int>(round_scratch_ints<Threads, UnitsInFlight, Compact>())>(team);
+  constexpr std::size_t ints = ScanUnits > 0 ? device::team_round_ints(ScanUnits) : device::team_sum_ints(Threads);
+  if constexpr (Threads > 1) {
+    return device::team_ints<static_cast<int>(ints)>(team);
   } else {
     (void)team;
     return nullptr;
@@ -574,6 +438,41 @@ struct ConvertRounds {
     return total;
   }
 
+  // A compacted row of one round (production decode below 512 tokens), its
+  // offsets taken while its table loads are in flight: from the entries
+  // inside the table, which need no table entry. Should a table entry map a
+  // position to -1 (a value the kernel does not check, SPEC section 2), the
+  // team writes the whole row again from the mapped units' own counts, after
+  // the barrier of device::team_any, so that its stores come last. Returns
+  // the row's valid count.
+  KOKKOS_INLINE_FUNCTION std::int32_t compact_one_round(const member_type& team, const TableMap<Split>& m,
+                                                        Int4 (&v)[UnitsInFlight], std::int32_t* row,
+                                                        std::int32_t* scratch) const {
+    Int4 start[UnitsInFlight];
+    std::int32_t count[UnitsInFlight], before[UnitsInFlight], total = 0;
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      dcp.localize(v[u]);
+      start[u] = start_unit<true>(m, v[u]);
+      count[u] = inside_unit(m, v[u]);
+    }
+    int parity = 0;
+    device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
+    bool unexpected = false;
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      unexpected |= finish_unit(m, v[u], start[u]) != count[u];
+      store_valid(row, before[u], v[u]);
+    }
+    constexpr std::int32_t entries_per_row = UnitsInFlight * Threads * 4;
+    fill_tail<Int4>(team, row, total, entries_per_row);
+    if (device::team_any(team, unexpected)) {
+      for (int u = 0; u < UnitsInFlight; ++u) count[u] = valid_entries(v[u]);
+      device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
+      for (int u = 0; u < UnitsInFlight; ++u) store_valid(row, before[u], v[u]);
+      fill_tail<Int4>(team, row, total, entries_per_row);
+    }
+    return total;
+  }
+
   KOKKOS_INLINE_FUNCTION static void load(const Int4* in, Int4 (&v)[UnitsInFlight]) {
     for (int u = 0; u < UnitsInFlight; ++u) v[u] = in[u * Threads];
   }
@@ -586,7 +485,7 @@ struct ConvertRounds {
     Int4 v[UnitsInFlight];
     load(in, v);
     const std::int32_t req = p.req_id[t];
-    std::int32_t* partial = round_partials<Threads, UnitsInFlight, Dcp::compact>(team);
+    std::int32_t* partial = round_partials<Threads, Dcp::compact ? UnitsInFlight : 0>(team);
     if (!Dcp::compact && p.valid_counts != nullptr) device::begin_team_sum(team, Threads, partial);
 
     // req_id names a row of the table (SPEC), so it is not negative.
@@ -594,27 +493,19 @@ struct ConvertRounds {
                             p.split, p.block_stride_rows};
     if constexpr (Dcp::compact) {
       std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
-      std::int32_t valid = 0;
-      constexpr std::int32_t round_units = UnitsInFlight * Threads;
-      if (p.rounds * round_units * 4 <= max_staged_entries) {
-        for (int u = 0; u < UnitsInFlight; ++u) dcp.localize(v[u]);
-        const Int4* first = in - rank;
-        const auto load_round = [&](std::int32_t q, Int4(&round)[UnitsInFlight]) {
-          load(first + q, round);
-          for (int u = 0; u < UnitsInFlight; ++u) dcp.localize(round[u]);
-        };
-        valid = store_compacted<true>(team, Threads, rank, m, v, reinterpret_cast<Int4*>(row), p.rounds * round_units,
-                                      partial, load_round);
-      } else {
-        int parity = 0;
-        valid = compact_round(team, m, v, row, 0, partial, parity);
-        for (std::int32_t r = 1; r < p.rounds; ++r) {
-          in += UnitsInFlight * Threads;
-          load(in, v);
-          valid += compact_round(team, m, v, row, valid, partial, parity);
-        }
-        fill_tail<Int4>(team, row, valid, p.rounds * UnitsInFlight * Threads * 4);
+      if (p.rounds == 1) {
+        const std::int32_t valid = compact_one_round(team, m, v, row, partial);
+        if (rank == 0) p.valid_counts[t] = valid;
+        return;
       }
+      int parity = 0;
+      std::int32_t valid = compact_round(team, m, v, row, 0, partial, parity);
+      for (std::int32_t r = 1; r < p.rounds; ++r) {
+        in += UnitsInFlight * Threads;
+        load(in, v);
+        valid += compact_round(team, m, v, row, valid, partial, parity);
+      }
+      fill_tail<Int4>(team, row, valid, p.rounds * UnitsInFlight * Threads * 4);
       if (rank == 0) p.valid_counts[t] = valid;
       return;
     }
@@ -635,12 +526,10 @@ struct ConvertRounds {
 
 template <class Space, class Unit, int UnitsInFlight, class Split, class Dcp>
 void launch(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, int threads) {
-  using DcpKernel = Convert<Space, Split, Unit, UnitsInFlight, false, Dcp>;
-  const std::int64_t units = p.num_topk / entries(static_cast<const Unit*>(nullptr));
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), threads);
-  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * DcpKernel::scratch_ints(threads, units)));
+  policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * (Dcp::compact ? device::team_round_ints(1) : device::team_sum_ints(threads))));
   if constexpr (Dcp::filter) {  // no prefill workspace with DCP (checked by the operation)
-    Kokkos::parallel_for("sparse_mla::convert_topk_dcp", policy, DcpKernel{p, dcp});
+    Kokkos::parallel_for("sparse_mla::convert_topk_dcp", policy, Convert<Space, Split, Unit, UnitsInFlight, false, Dcp>{p, dcp});
   } else if (p.workspace_request != nullptr) {
     Kokkos::parallel_for("sparse_mla::convert_topk", policy, Convert<Space, Split, Unit, UnitsInFlight, true>{p, dcp});
   } else {
@@ -673,10 +562,8 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
                              p.valid_counts};
   static_assert(Threads == 1 || !is_host_space<Space>, "host spaces run teams of one (round_partials)");
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), Threads);
-  // round_partials() takes team scratch where it has no static array: in
-  // portable builds, and on host spaces (their pass has none).
-  if ((!device::static_team_ints || is_host_space<Space>) && (Threads > 1 || Dcp::compact)) {
-    constexpr std::size_t ints = round_scratch_ints<Threads, UnitsInFlight, Dcp::compact>();
+  if (!device::static_team_ints && Threads > 1) {  // round_partials() takes team scratch
+    constexpr std::size_t ints = Dcp::compact ? device::team_round_ints(UnitsInFlight) : device::team_sum_ints(Threads);
     policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * ints));
   }
   Kokkos::parallel_for(Dcp::filter ? "sparse_mla::convert_topk_dcp_rounds" : "sparse_mla::convert_topk_rounds", policy,
