@@ -250,22 +250,6 @@ KOKKOS_INLINE_FUNCTION std::int32_t team_sum(const Member& team, std::int32_t th
   }
 }
 
-// Whether `value` holds on any thread of the team, on every thread. A
-// barrier (every thread calls it): the team's memory accesses before it are
-// visible to the team after it.
-template <class Member>
-KOKKOS_INLINE_FUNCTION bool team_any(const Member& team, bool value) {
-#if SPARSE_MLA_FORM_CUDA || SPARSE_MLA_FORM_HIP
-  (void)team;
-  return __syncthreads_or(value ? 1 : 0) != 0;
-#else
-  team.team_barrier();
-  int any = value ? 1 : 0;
-  team.team_reduce(Kokkos::Max<int>(any));
-  return any != 0;
-#endif
-}
-
 // Words of team scratch team_exclusive_sum() needs per call: one per lane
 // group of a team of up to 1024 threads.
 inline constexpr std::int32_t team_exclusive_sum_words = 32;

@@ -116,6 +116,11 @@ struct WorkspaceMap {
   }
 };
 
+template <class Map>
+KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, std::int32_t& v) {
+  v = m.finish(v, m.start(v));
+  return v != -1;
+}
 // A position's table entry, loaded branch-free (start()) or only for a
 // position inside the table (Predicated: TableMap::start_inside()).
 template <bool Predicated, class Map>
@@ -126,40 +131,11 @@ KOKKOS_INLINE_FUNCTION std::int32_t start_of(const Map& m, std::int32_t p) {
     return m.start(p);
   }
 }
-// A unit's table entries (its loads, issued) and, once they are in, its
-// physical rows; finish_unit() returns the unit's valid entries.
-template <bool Predicated, class Map>
-KOKKOS_INLINE_FUNCTION std::int32_t start_unit(const Map& m, std::int32_t v) {
-  return start_of<Predicated>(m, v);
-}
-template <bool Predicated, class Map>
-KOKKOS_INLINE_FUNCTION Int4 start_unit(const Map& m, const Int4& v) {
-  return Int4{start_of<Predicated>(m, v.x), start_of<Predicated>(m, v.y), start_of<Predicated>(m, v.z),
-              start_of<Predicated>(m, v.w)};
-}
-template <class Map>
-KOKKOS_INLINE_FUNCTION std::int32_t finish_unit(const Map& m, std::int32_t& v, std::int32_t s) {
-  v = m.finish(v, s);
-  return v != -1;
-}
-template <class Map>
-KOKKOS_INLINE_FUNCTION std::int32_t finish_unit(const Map& m, Int4& v, const Int4& s) {
-  v = Int4{m.finish(v.x, s.x), m.finish(v.y, s.y), m.finish(v.z, s.z), m.finish(v.w, s.w)};
-  return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
-}
-// A unit mapped in place; returns its valid entries.
-template <bool Predicated = false, class Map, class Unit>
-KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, Unit& v) {
-  return finish_unit(m, v, start_unit<Predicated>(m, v));
-}
-// Entries of a unit inside the table: its valid count, unless a table entry
-// maps a position to -1 itself (start * stride + offset wrapping to -1).
-template <class Split>
-KOKKOS_INLINE_FUNCTION std::int32_t inside_unit(const TableMap<Split>& m, const Int4& v) {
-  return m.inside(v.x) + m.inside(v.y) + m.inside(v.z) + m.inside(v.w);
-}
-// Entries of a unit that are not -1.
-KOKKOS_INLINE_FUNCTION std::int32_t valid_entries(const Int4& v) {
+template <bool Predicated = false, class Map>
+KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, Int4& v) {
+  const std::int32_t s0 = start_of<Predicated>(m, v.x), s1 = start_of<Predicated>(m, v.y),
+                     s2 = start_of<Predicated>(m, v.z), s3 = start_of<Predicated>(m, v.w);
+  v = Int4{m.finish(v.x, s0), m.finish(v.y, s1), m.finish(v.z, s2), m.finish(v.w, s3)};
   return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
 }
 
@@ -438,41 +414,6 @@ struct ConvertRounds {
     return total;
   }
 
-  // A compacted row of one round (production decode below 512 tokens), its
-  // offsets taken while its table loads are in flight: from the entries
-  // inside the table, which need no table entry. Should a table entry map a
-  // position to -1 (a value the kernel does not check, SPEC section 2), the
-  // team writes the whole row again from the mapped units' own counts, after
-  // the barrier of device::team_any, so that its stores come last. Returns
-  // the row's valid count.
-  KOKKOS_INLINE_FUNCTION std::int32_t compact_one_round(const member_type& team, const TableMap<Split>& m,
-                                                        Int4 (&v)[UnitsInFlight], std::int32_t* row,
-                                                        std::int32_t* scratch) const {
-    Int4 start[UnitsInFlight];
-    std::int32_t count[UnitsInFlight], before[UnitsInFlight], total = 0;
-    for (int u = 0; u < UnitsInFlight; ++u) {
-      dcp.localize(v[u]);
-      start[u] = start_unit<true>(m, v[u]);
-      count[u] = inside_unit(m, v[u]);
-    }
-    int parity = 0;
-    device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
-    bool unexpected = false;
-    for (int u = 0; u < UnitsInFlight; ++u) {
-      unexpected |= finish_unit(m, v[u], start[u]) != count[u];
-      store_valid(row, before[u], v[u]);
-    }
-    constexpr std::int32_t entries_per_row = UnitsInFlight * Threads * 4;
-    fill_tail<Int4>(team, row, total, entries_per_row);
-    if (device::team_any(team, unexpected)) {
-      for (int u = 0; u < UnitsInFlight; ++u) count[u] = valid_entries(v[u]);
-      device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
-      for (int u = 0; u < UnitsInFlight; ++u) store_valid(row, before[u], v[u]);
-      fill_tail<Int4>(team, row, total, entries_per_row);
-    }
-    return total;
-  }
-
   KOKKOS_INLINE_FUNCTION static void load(const Int4* in, Int4 (&v)[UnitsInFlight]) {
     for (int u = 0; u < UnitsInFlight; ++u) v[u] = in[u * Threads];
   }
@@ -493,11 +434,6 @@ struct ConvertRounds {
                             p.split, p.block_stride_rows};
     if constexpr (Dcp::compact) {
       std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
-      if (p.rounds == 1) {
-        const std::int32_t valid = compact_one_round(team, m, v, row, partial);
-        if (rank == 0) p.valid_counts[t] = valid;
-        return;
-      }
       int parity = 0;
       std::int32_t valid = compact_round(team, m, v, row, 0, partial, parity);
       for (std::int32_t r = 1; r < p.rounds; ++r) {
