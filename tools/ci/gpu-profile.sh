@@ -6,9 +6,12 @@
 # name matches KERNEL, after 3 others), and writes to OUT_DIR the report,
 # its details page, its source page (SASS, and CUDA source lines) and
 # tools/ci/ncu-passes.py's table of instructions per pass (ROWS: the teams
-# of the profiled launch, so that figures are per row).
-#   bash tools/ci/gpu-profile.sh KOKKOS_PREFIX OUT_DIR KERNEL FILTER [ROWS]
+# of the profiled launch, so that figures are per row). Arguments after ROWS
+# go to the bench (the DCP options, for instance).
+#   bash tools/ci/gpu-profile.sh KOKKOS_PREFIX OUT_DIR KERNEL FILTER [ROWS [BENCH_OPTION...]]
 #   e.g. bash tools/ci/gpu-profile.sh "$KOKKOS" prof HiSparseResolve '^resolve/rows=128$' 128
+#        bash tools/ci/gpu-profile.sh "$KOKKOS" prof-dcp 'ConvertRounds.*Dcp<true>' '^convert-dcp/T=1$' 1 \
+#          --dcp-size 8 --dcp-rank 3 --dcp-interleave 1 --compact
 # Environment: DEPS_PREFIX as for gpu-check.sh; PRESET (cuda, or cuda-portable).
 # Used for the profiles recorded in docs/PERFORMANCE.md.
 set -uo pipefail
@@ -17,6 +20,7 @@ out=$(realpath -m "${2:?output folder}")
 kernel=${3:?kernel name pattern}
 filter=${4:?bench filter}
 rows=${5:-1}
+shift $(($# < 5 ? $# : 5))
 cd "$(dirname "$0")/../.." || exit 1
 mkdir -p "$out"
 rm -f "$out/configure.log" "$out/build.log"
@@ -31,7 +35,7 @@ if ! cmake --preset "${PRESET:-cuda}" -B "$build" -DKokkos_ROOT="$kokkos" "-DCMA
 fi
 if ! ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$kernel" --launch-skip 3 --launch-count 1 \
        --set full --import-source yes -f -o "$out/profile" \
-       "$build/bin/sparse-mla" bench --backend cuda --filter "$filter" > "$out/ncu.log" 2>&1; then
+       "$build/bin/sparse-mla" bench --backend cuda --filter "$filter" "$@" > "$out/ncu.log" 2>&1; then
   echo "gpu-profile: ncu failed (see $out/ncu.log)"
   tail -n 20 "$out/ncu.log"
   exit 1
