@@ -239,11 +239,15 @@ struct HiSparseResolve {
   // gives each key's position in h[u], and lowers the key's first entry to
   // j[u]. Returns how many keys this call added to the set. An empty
   // position seen in a bucket may be taken by another key before the
-  // compare-and-swap: the bucket is then read again.
+  // compare-and-swap, which returns that key: the insert then tries the
+  // next position it saw empty, and reads a bucket only when it moves to
+  // it (a plain read after a failed atomic could see a stale line of
+  // level-1 scratch, which is global memory).
   template <int N>
   KOKKOS_INLINE_FUNCTION std::int32_t insert_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
                                                   const std::int32_t (&j)[N], std::int32_t (&h)[N]) const {
     std::int32_t b[N];
+    std::uint32_t m[N];
     std::uint32_t open = 0;
     std::int32_t added = 0;
     for (int u = 0; u < N; ++u) {
@@ -251,25 +255,31 @@ struct HiSparseResolve {
       b[u] = g[u] >= 0 ? first_position(g[u]) : 0;
       open |= g[u] >= 0 ? 1u << u : 0u;
     }
+    std::uint32_t read = open;  // keys whose bucket at b[u] is to be read
     while (open != 0) {
-      std::uint32_t m[N];
-      for (int u = 0; u < N; ++u) m[u] = match_bucket(s, b[u], static_cast<std::uint32_t>(g[u]));
+      for (int u = 0; u < N; ++u) {
+        if ((read >> u) & 1u) m[u] = match_bucket(s, b[u], static_cast<std::uint32_t>(g[u]));
+      }
+      read = 0;
       for (int u = 0; u < N; ++u) {
         if (((open >> u) & 1u) == 0) continue;
         if ((m[u] & 15u) != 0) {
           h[u] = b[u] + hisparse::lowest_of_4(m[u] & 15u);
           open &= ~(1u << u);
         } else if ((m[u] >> 4) != 0) {
-          const std::int32_t at = b[u] + hisparse::lowest_of_4(m[u] >> 4);
+          const std::int32_t i = hisparse::lowest_of_4(m[u] >> 4);
           const std::uint32_t key = static_cast<std::uint32_t>(g[u]);
-          const std::uint32_t old = device::atomic_cas(&s.keys()[at], hisparse::empty_key, key);
+          const std::uint32_t old = device::atomic_cas(&s.keys()[b[u] + i], hisparse::empty_key, key);
           if (old == hisparse::empty_key || old == key) {
             added += old == hisparse::empty_key ? 1 : 0;
-            h[u] = at;
+            h[u] = b[u] + i;
             open &= ~(1u << u);
+          } else {
+            m[u] &= ~(16u << i);  // taken by another key
           }
         } else {
           b[u] = next_bucket(b[u]);
+          read |= 1u << u;
         }
       }
     }
