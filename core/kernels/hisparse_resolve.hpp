@@ -103,12 +103,14 @@ KOKKOS_INLINE_FUNCTION std::int32_t groups(std::int32_t n, std::int32_t per_grou
   return (n + per_group - 1) / per_group;
 }
 
-// The set is probed a bucket of 4 positions at a time (one 16-byte scratch
-// load of the keys): a key starts at the first position of its hash bucket
+// The set is probed a bucket of 8 positions at a time (two 16-byte scratch
+// loads of the keys): a key starts at the first position of its hash bucket
 // and moves on a bucket at a time. A key sits at the first position that was
 // empty in its probe order when it went in, and positions are never emptied,
-// so a lookup ends at its key or at the first empty position.
-constexpr std::int32_t bucket = 4;
+// so a lookup ends at its key or at the first empty position. A warp probes
+// until its longest chain ends: with 8 positions a bucket, nearly every key
+// of a row ends in its first bucket.
+constexpr std::int32_t bucket = 8;
 
 // Positions of the set for top_k entries: 3K/2 (at most two thirds full), a
 // whole number of buckets.
@@ -122,10 +124,8 @@ KOKKOS_INLINE_FUNCTION std::int32_t hash_position(std::int32_t key, std::int32_t
   return static_cast<std::int32_t>((static_cast<std::uint64_t>(mixed) * static_cast<std::uint32_t>(size)) >> 32);
 }
 
-// The lowest set bit of a nonzero 4-bit mask.
-KOKKOS_INLINE_FUNCTION std::int32_t lowest_of_4(std::uint32_t mask) {
-  return (mask & 1u) != 0 ? 0 : (mask & 2u) != 0 ? 1 : (mask & 4u) != 0 ? 2 : 3;
-}
+// The lowest set bit of a nonzero mask.
+KOKKOS_INLINE_FUNCTION std::int32_t lowest_bit(std::uint32_t mask) { return device::first_lane(mask); }
 
 // The team's scratch arrays, carved from one allocation. Each array's
 // address is computed from the base where it is used, so that a thread
@@ -190,19 +190,21 @@ struct HiSparseResolve {
   KOKKOS_INLINE_FUNCTION std::int32_t entry_groups() const { return hisparse::groups(a.top_k, E); }
   KOKKOS_INLINE_FUNCTION std::int32_t slot_groups() const { return hisparse::groups(a.hot_slots, S); }
 
-  // The bucket at b against `key` (one 16-byte load): bit i is set when
-  // position b + i holds the key, bit 4 + i when it is empty.
+  // The bucket at b against `key` (two 16-byte loads): bit i is set when
+  // position b + i holds the key, bit 8 + i when it is empty.
   KOKKOS_INLINE_FUNCTION std::uint32_t match_bucket(const hisparse::ResolveScratch& s, std::int32_t b,
                                                     std::uint32_t key) const {
-    const Int4 v = *reinterpret_cast<const Int4*>(s.keys() + b);
-    const std::uint32_t k[hisparse::bucket] = {static_cast<std::uint32_t>(v.x), static_cast<std::uint32_t>(v.y),
-                                               static_cast<std::uint32_t>(v.z), static_cast<std::uint32_t>(v.w)};
-    std::uint32_t m = 0;
-    for (int i = 0; i < hisparse::bucket; ++i) {
-      m |= (k[i] == key ? 1u : 0u) << i;
-      m |= (k[i] == hisparse::empty_key ? 16u : 0u) << i;
-    }
-    return m;
+    const Int4* v = reinterpret_cast<const Int4*>(s.keys() + b);
+    const Int4 lo = v[0], hi = v[1];
+    return match4(lo, key) | (match4(hi, key) << 4);
+  }
+  KOKKOS_INLINE_FUNCTION static std::uint32_t match4(const Int4& v, std::uint32_t key) {
+    const auto x = static_cast<std::uint32_t>(v.x), y = static_cast<std::uint32_t>(v.y),
+               z = static_cast<std::uint32_t>(v.z), w = static_cast<std::uint32_t>(v.w);
+    const std::uint32_t found = (x == key ? 1u : 0u) | (y == key ? 2u : 0u) | (z == key ? 4u : 0u) | (w == key ? 8u : 0u);
+    // Host rows are never negative: an empty position is the only one with its top bit set.
+    const std::uint32_t empty = (x >> 31) | ((y >> 31) << 1) | ((z >> 31) << 2) | ((w >> 31) << 3);
+    return found | (empty << 8);
   }
 
   // Looks up N host rows together (g[u] < 0: none), one bucket of each per
@@ -223,10 +225,10 @@ struct HiSparseResolve {
       for (int u = 0; u < N; ++u) m[u] = match_bucket(s, b[u], static_cast<std::uint32_t>(g[u]));
       for (int u = 0; u < N; ++u) {
         if (((open >> u) & 1u) == 0) continue;
-        if ((m[u] & 15u) != 0) {
-          h[u] = b[u] + hisparse::lowest_of_4(m[u] & 15u);
+        if ((m[u] & 0xFFu) != 0) {
+          h[u] = b[u] + hisparse::lowest_bit(m[u] & 0xFFu);
           open &= ~(1u << u);
-        } else if ((m[u] >> 4) != 0) {
+        } else if ((m[u] >> 8) != 0) {
           open &= ~(1u << u);
         } else {
           b[u] = next_bucket(b[u]);
@@ -263,11 +265,11 @@ struct HiSparseResolve {
       read = 0;
       for (int u = 0; u < N; ++u) {
         if (((open >> u) & 1u) == 0) continue;
-        if ((m[u] & 15u) != 0) {
-          h[u] = b[u] + hisparse::lowest_of_4(m[u] & 15u);
+        if ((m[u] & 0xFFu) != 0) {
+          h[u] = b[u] + hisparse::lowest_bit(m[u] & 0xFFu);
           open &= ~(1u << u);
-        } else if ((m[u] >> 4) != 0) {
-          const std::int32_t i = hisparse::lowest_of_4(m[u] >> 4);
+        } else if ((m[u] >> 8) != 0) {
+          const std::int32_t i = hisparse::lowest_bit(m[u] >> 8);
           const std::uint32_t key = static_cast<std::uint32_t>(g[u]);
           const std::uint32_t old = device::atomic_cas(&s.keys()[b[u] + i], hisparse::empty_key, key);
           if (old == hisparse::empty_key || old == key) {
@@ -275,7 +277,7 @@ struct HiSparseResolve {
             h[u] = b[u] + i;
             open &= ~(1u << u);
           } else {
-            m[u] &= ~(16u << i);  // taken by another key
+            m[u] &= ~(0x100u << i);  // taken by another key
           }
         } else {
           b[u] = next_bucket(b[u]);
@@ -438,7 +440,7 @@ struct HiSparseResolve {
     const Int4 empty_keys{-1, -1, -1, -1};
     const Int4 unset_words{static_cast<std::int32_t>(hisparse::entry_unset), static_cast<std::int32_t>(hisparse::entry_unset),
                            static_cast<std::int32_t>(hisparse::entry_unset), static_cast<std::int32_t>(hisparse::entry_unset)};
-    for (std::int32_t q = rank; q < set_size() / hisparse::bucket; q += threads) {
+    for (std::int32_t q = rank; q < set_size() / 4; q += threads) {
       reinterpret_cast<Int4*>(s.keys())[q] = empty_keys;
       reinterpret_cast<Int4*>(s.words())[q] = unset_words;
     }
@@ -480,20 +482,18 @@ struct HiSparseResolve {
       std::int32_t slot[S], g[S];
       for (int u = 0; u < S; ++u) slot[u] = first + u < H ? lru[first + u] : -1;
       for (int u = 0; u < S; ++u) g[u] = slot[u] >= 0 ? slot_rows[slot[u]] : -1;
-      // All eight loads above are issued first; the lookups go in two
-      // halves, which keeps the kernel within its registers.
+      // All eight loads above are issued first; the lookups go one at a
+      // time (a bucket is eight registers), which keeps the kernel within
+      // its registers.
       std::uint32_t flags = 0;
-      for (int half = 0; half < S; half += S / 2) {
-        std::int32_t gh[S / 2], h[S / 2];
-        for (int u = 0; u < S / 2; ++u) gh[u] = g[half + u];
-        find_keys(s, gh, h);
-        for (int u = 0; u < S / 2; ++u) {
-          if (h[u] < 0) continue;
-          const std::uint32_t slot_word = static_cast<std::uint32_t>(slot[half + u] + 1) << 16;
-          const std::uint32_t old = device::atomic_max(&s.words()[h[u]], slot_word);
-          flags |= 1u << (half + u);
-          counts += 1u + ((old >> 16) == 0 ? high_count : 0u);
-        }
+      for (int u = 0; u < S; ++u) {
+        const std::int32_t gu[1] = {g[u]};
+        std::int32_t h[1];
+        find_keys(s, gu, h);
+        if (h[0] < 0) continue;
+        const std::uint32_t old = device::atomic_max(&s.words()[h[0]], static_cast<std::uint32_t>(slot[u] + 1) << 16);
+        flags |= 1u << u;
+        counts += 1u + ((old >> 16) == 0 ? high_count : 0u);
       }
       s.hit_flags()[i] = static_cast<std::uint8_t>(flags);
     }
