@@ -168,27 +168,48 @@ struct ResolveScratch {
 
 }  // namespace hisparse
 
+// The row shape a launch is compiled for. AnyShape takes every size from
+// the arguments; ProductionShape makes the production row's sizes
+// (K = 2048, H = 4096, a team of 1024 threads, block sizes that are powers
+// of two) constants, so that the compiler drops the group loops (one group
+// of each kind per thread) and folds the sizes into the index arithmetic.
+struct AnyShape {
+  static constexpr std::int32_t top_k = 0, hot_slots = 0, threads = 0;
+  static constexpr SplitBy split = SplitBy::either;
+};
+struct ProductionShape {
+  static constexpr std::int32_t top_k = 2048, hot_slots = 4096, threads = hisparse::team_threads;
+  static constexpr SplitBy split = SplitBy::shift;
+};
+
 // Level: the team scratch level, a template argument so that the compiler
 // knows level-0 scratch is shared memory and reaches it with shared-memory
 // instructions (32-bit addresses) rather than generic ones.
-template <class Space, int Level>
+template <class Space, int Level, class Shape = AnyShape>
 struct HiSparseResolve {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   static constexpr int E = hisparse::entries_per_group;
   static constexpr int S = hisparse::slots_per_group;
   HiSparseResolveArgs a;
   std::int32_t cached_blocks;  // hot block table entries cached in scratch per row
-  BlockSplit<SplitBy::either> source_split, resident_split, hot_split;  // by a.source_block_size, ...
+  BlockSplit<Shape::split> source_split, resident_split, hot_split;  // by a.source_block_size, ...
 
-  KOKKOS_INLINE_FUNCTION std::int32_t set_size() const { return hisparse::set_positions(a.top_k); }
+  // The row's sizes and the team's threads: the shape's constants, or the arguments'.
+  KOKKOS_INLINE_FUNCTION std::int32_t top_k() const { return Shape::top_k > 0 ? Shape::top_k : a.top_k; }
+  KOKKOS_INLINE_FUNCTION std::int32_t hot_slots() const { return Shape::hot_slots > 0 ? Shape::hot_slots : a.hot_slots; }
+  KOKKOS_INLINE_FUNCTION static std::int32_t threads(const member_type& team) {
+    return Shape::threads > 0 ? Shape::threads : team.team_size();
+  }
+
+  KOKKOS_INLINE_FUNCTION std::int32_t set_size() const { return hisparse::set_positions(top_k()); }
   KOKKOS_INLINE_FUNCTION std::int32_t first_position(std::int32_t key) const {
     return hisparse::hash_position(key, set_size() / hisparse::bucket) * hisparse::bucket;
   }
   KOKKOS_INLINE_FUNCTION std::int32_t next_bucket(std::int32_t b) const {
     return b + hisparse::bucket == set_size() ? 0 : b + hisparse::bucket;
   }
-  KOKKOS_INLINE_FUNCTION std::int32_t entry_groups() const { return hisparse::groups(a.top_k, E); }
-  KOKKOS_INLINE_FUNCTION std::int32_t slot_groups() const { return hisparse::groups(a.hot_slots, S); }
+  KOKKOS_INLINE_FUNCTION std::int32_t entry_groups() const { return hisparse::groups(top_k(), E); }
+  KOKKOS_INLINE_FUNCTION std::int32_t slot_groups() const { return hisparse::groups(hot_slots(), S); }
 
   // The bucket at b against `key` (two 16-byte loads): bit i is set when
   // position b + i holds the key, bit 8 + i when it is empty.
@@ -363,7 +384,7 @@ struct HiSparseResolve {
   // sum over the threads is one in group order.
   KOKKOS_INLINE_FUNCTION static void thread_groups(const member_type& team, std::int32_t n, std::int32_t& begin,
                                                    std::int32_t& end) {
-    const std::int32_t per_thread = hisparse::groups(n, team.team_size());
+    const std::int32_t per_thread = hisparse::groups(n, threads(team));
     begin = team.team_rank() * per_thread;
     end = begin + per_thread < n ? begin + per_thread : n;
   }
@@ -376,7 +397,7 @@ struct HiSparseResolve {
   KOKKOS_INLINE_FUNCTION void load_tokens(const std::int32_t* in, std::int32_t i, EntryGroup& e) const {
     for (int u = 0; u < E; ++u) {
       const std::int32_t j = i + u * entry_groups();
-      e.tok[u] = j < a.top_k ? in[j] : -1;
+      e.tok[u] = j < top_k() ? in[j] : -1;
     }
   }
   // Branches only on the row (uniform), none per entry.
@@ -393,7 +414,7 @@ struct HiSparseResolve {
   // to the set (high half).
   KOKKOS_INLINE_FUNCTION std::uint32_t map_group(const hisparse::ResolveScratch& s, std::int64_t row, std::int32_t i,
                                                  const EntryGroup& e) const {
-    const std::int32_t K = a.top_k;
+    const std::int32_t K = top_k();
     std::int32_t g[E], resident[E], j[E], key[E], h[E];
     std::uint32_t valid = 0;
     for (int u = 0; u < E; ++u) {
@@ -434,13 +455,13 @@ struct HiSparseResolve {
     const std::int32_t* source_table = source_table_row(request);
     const std::int32_t* resident_table = resident_table_row(request);
     const std::int32_t G = entry_groups();
-    const std::int32_t rank = team.team_rank(), threads = team.team_size();
+    const std::int32_t rank = team.team_rank(), step = threads(team);
     EntryGroup e{};
     if (rank < G) load_tokens(in, rank, e);
     const Int4 empty_keys{-1, -1, -1, -1};
     const Int4 unset_words{static_cast<std::int32_t>(hisparse::entry_unset), static_cast<std::int32_t>(hisparse::entry_unset),
                            static_cast<std::int32_t>(hisparse::entry_unset), static_cast<std::int32_t>(hisparse::entry_unset)};
-    for (std::int32_t q = rank; q < set_size() / 4; q += threads) {
+    for (std::int32_t q = rank; q < set_size() / 4; q += step) {
       reinterpret_cast<Int4*>(s.keys())[q] = empty_keys;
       reinterpret_cast<Int4*>(s.words())[q] = unset_words;
     }
@@ -449,17 +470,17 @@ struct HiSparseResolve {
     // a time. A hint where the device has one (device::prefetch_l1),
     // nothing elsewhere.
     if (prefetch) {
-      const std::int32_t H = a.hot_slots;
-      for (std::int32_t l = rank; l <= H / 32; l += threads) {
+      const std::int32_t H = hot_slots();
+      for (std::int32_t l = rank; l <= H / 32; l += step) {
         device::prefetch_l1(slot_rows + (l * 32 < H ? l * 32 : H - 1));
         if (l <= H / 64) device::prefetch_l1(lru + (l * 64 < H ? l * 64 : H - 1));
       }
     }
-    for (std::int32_t b = rank; b < cached; b += threads) s.hot_blocks()[b] = hot_table[b];
+    for (std::int32_t b = rank; b < cached; b += step) s.hot_blocks()[b] = hot_table[b];
     if (rank < G) load_tables(source_table, resident_table, e);
     team.team_barrier();  // the set is clear
     std::uint32_t counts = 0;
-    for (std::int32_t i = rank; i < G; i += threads) {
+    for (std::int32_t i = rank; i < G; i += step) {
       if (i != rank) {
         load_tokens(in, i, e);
         load_tables(source_table, resident_table, e);
@@ -475,7 +496,7 @@ struct HiSparseResolve {
   KOKKOS_INLINE_FUNCTION std::uint32_t classify_slots(const hisparse::ResolveScratch& s, const std::int32_t* slot_rows,
                                                       const std::int16_t* lru, std::int32_t begin,
                                                       std::int32_t end) const {
-    const std::int32_t H = a.hot_slots;
+    const std::int32_t H = hot_slots();
     std::uint32_t counts = 0;
     for (std::int32_t i = begin; i < end; ++i) {
       const std::int32_t first = i * S;
@@ -505,7 +526,7 @@ struct HiSparseResolve {
   KOKKOS_INLINE_FUNCTION void order_slots(const hisparse::ResolveScratch& s, const std::int16_t* lru, std::int32_t begin,
                                           std::int32_t end, std::int32_t hits_before, std::int32_t hits,
                                           std::int32_t misses) const {
-    const std::int32_t H = a.hot_slots;
+    const std::int32_t H = hot_slots();
     const std::int32_t untouched = H - hits - misses;
     for (std::int32_t i = begin; i < end; ++i) {
       const std::int32_t first = i * S;
@@ -531,7 +552,7 @@ struct HiSparseResolve {
   // other entries of those keys (high).
   KOKKOS_INLINE_FUNCTION std::uint32_t classify_entries(const hisparse::ResolveScratch& s, std::int32_t begin,
                                                         std::int32_t end) const {
-    const std::int32_t K = a.top_k;
+    const std::int32_t K = top_k();
     std::uint32_t counts = 0;
     for (std::int32_t i = begin; i < end; ++i) {
       std::uint32_t classes = 0;
@@ -555,7 +576,7 @@ struct HiSparseResolve {
   KOKKOS_INLINE_FUNCTION void write_results(const hisparse::ResolveScratch& s, std::int64_t row,
                                             std::int64_t hot_table_row, std::int32_t* slot_rows, std::int32_t begin,
                                             std::int32_t end, std::int32_t m, std::int32_t untouched) const {
-    const std::int32_t K = a.top_k;
+    const std::int32_t K = top_k();
     for (std::int32_t i = begin; i < end; ++i) {
       const std::uint32_t classes = s.classes()[i];
       // Scratch loads of the whole group first, then the global stores.
@@ -600,7 +621,7 @@ struct HiSparseResolve {
   KOKKOS_INLINE_FUNCTION void write_duplicates(const hisparse::ResolveScratch& s, std::int64_t row,
                                                std::int64_t hot_table_row, std::int32_t begin, std::int32_t end,
                                                std::int32_t untouched) const {
-    const std::int32_t K = a.top_k;
+    const std::int32_t K = top_k();
     for (std::int32_t i = begin; i < end; ++i) {
       const std::uint32_t classes = s.classes()[i];
       for (int u = 0; u < E; ++u) {
@@ -617,16 +638,16 @@ struct HiSparseResolve {
   // first (the compiler cannot tell the two apart), then the stores.
   KOKKOS_INLINE_FUNCTION void store_lru(const member_type& team, const hisparse::ResolveScratch& s,
                                         std::int16_t* lru) const {
-    const std::int32_t H = a.hot_slots;
+    const std::int32_t H = hot_slots();
     constexpr int lru_per_round = 4;
-    for (std::int32_t p0 = team.team_rank(); p0 < H; p0 += lru_per_round * team.team_size()) {
+    for (std::int32_t p0 = team.team_rank(); p0 < H; p0 += lru_per_round * threads(team)) {
       std::int16_t order[lru_per_round];
       for (int u = 0; u < lru_per_round; ++u) {
-        const std::int32_t p = p0 + u * team.team_size();
+        const std::int32_t p = p0 + u * threads(team);
         order[u] = s.lru()[p < H ? p : 0];
       }
       for (int u = 0; u < lru_per_round; ++u) {
-        const std::int32_t p = p0 + u * team.team_size();
+        const std::int32_t p = p0 + u * threads(team);
         if (p < H) lru[p] = order[u];
       }
     }
@@ -640,9 +661,9 @@ struct HiSparseResolve {
     // A padding row goes through pass 1 as a row whose request is outside the
     // tables: every output -1, counts 0, and it returns before its state.
     const bool padding = state < 0 || state >= a.num_state_rows;
-    const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached_blocks);
+    const std::size_t bytes = hisparse::ResolveScratch::bytes(top_k(), hot_slots(), cached_blocks);
     char* base = static_cast<char*>(team.team_scratch(Level).get_shmem_aligned(bytes, 16));
-    const hisparse::ResolveScratch s{base, a.top_k, a.hot_slots, cached_blocks};
+    const hisparse::ResolveScratch s{base, top_k(), hot_slots(), cached_blocks};
     const std::int64_t hot_table_row = a.hot_table_by_state && !padding ? state : row;
     std::uint32_t* const totals[2] = {s.totals(), s.totals() + hisparse::team_total_words / 2};
     // State row 0 stands in for a padding row's (never read; not prefetched).
@@ -670,7 +691,7 @@ struct HiSparseResolve {
         device::team_exclusive_sum(team, totals[1], classify_slots(s, slot_rows, lru, begin, end), found);
     const std::int32_t hits = static_cast<std::int32_t>(found & 0xFFFFu);
     const std::int32_t misses = distinct - static_cast<std::int32_t>(found >> 16);
-    const std::int32_t untouched = a.hot_slots - hits - misses;
+    const std::int32_t untouched = hot_slots() - hits - misses;
     Kokkos::single(Kokkos::PerTeam(team), [&]() {
       a.swap_counts[row] = misses;
       if (a.hit_miss_counters != nullptr) {
@@ -705,17 +726,17 @@ inline std::size_t resolve_hisparse_scratch_bytes(std::int32_t top_k, std::int32
   return hisparse::ResolveScratch::bytes(top_k, hot_slots, cached) + 16;
 }
 
-// A team of `threads` resolves each row with level `Level` scratch.
-template <class Space, int Level, int Threads>
+// A team of `Threads` resolves each row with level `Level` scratch.
+template <class Space, int Level, int Threads, class Shape>
 void launch_resolve(const Space& space, const HiSparseResolveArgs& a, std::int32_t cached, std::size_t bytes) {
   using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<Threads, 1>>;
   policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(Threads));
   policy.set_scratch_size(Level, Kokkos::PerTeam(bytes));
-  const auto source = BlockSplit<SplitBy::either>::of(a.source_block_size);
-  const auto resident = BlockSplit<SplitBy::either>::of(a.resident_block_size);
-  const auto hot = BlockSplit<SplitBy::either>::of(a.hot_block_size);
+  const auto source = BlockSplit<Shape::split>::of(a.source_block_size);
+  const auto resident = BlockSplit<Shape::split>::of(a.resident_block_size);
+  const auto hot = BlockSplit<Shape::split>::of(a.hot_block_size);
   Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy,
-                       HiSparseResolve<Space, Level>{a, cached, source, resident, hot});
+                       HiSparseResolve<Space, Level, Shape>{a, cached, source, resident, hot});
 }
 
 template <class Space>
@@ -728,10 +749,16 @@ void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
   // 64-bit addresses do not fit the 64 registers of a 1024-thread team's
   // thread: those rows take teams of 512.
   constexpr int threads = hisparse::team_threads;
-  if (bytes <= static_cast<std::size_t>(Kokkos::TeamPolicy<Space>::scratch_size_max(0))) {
-    launch_resolve<Space, 0, threads>(space, a, cached, bytes);
+  const auto power_of_two = [](std::int32_t n) { return exact_log2(n) >= 0; };
+  const bool resident_splits = a.resident_block_table == nullptr || power_of_two(a.resident_block_size);
+  if (bytes > static_cast<std::size_t>(Kokkos::TeamPolicy<Space>::scratch_size_max(0))) {
+    launch_resolve<Space, 1, threads / 2, AnyShape>(space, a, cached, bytes);
+  } else if (a.top_k == ProductionShape::top_k && a.hot_slots == ProductionShape::hot_slots &&
+             row_team_size<Space>(threads) == ProductionShape::threads && power_of_two(a.source_block_size) &&
+             power_of_two(a.hot_block_size) && resident_splits) {
+    launch_resolve<Space, 0, threads, ProductionShape>(space, a, cached, bytes);
   } else {
-    launch_resolve<Space, 1, threads / 2>(space, a, cached, bytes);
+    launch_resolve<Space, 0, threads, AnyShape>(space, a, cached, bytes);
   }
 }
 
