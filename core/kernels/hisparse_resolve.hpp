@@ -2,55 +2,52 @@
 // row's logical top-k against the hot slots of its state row.
 //
 // The row's distinct host rows go into a team-scratch hash set (open
-// addressing in buckets of 4 positions, 3K/2 positions, so it is at most two
-// thirds full). A position holds its key, the host row itself, so that a
-// probe is one 16-byte scratch load and four compares, and beside it a word
-// of what the passes learn about the key (hisparse::entry_unset and below):
-// its first top-k entry, then the hot slot that holds it or, for a key no
-// slot holds, its miss number. With each entry's set position, the new LRU
-// order, one hit bit per LRU position, two class bits per entry and the
-// per-warp team sums, a production row (K = 2048, H = 4096, hot blocks of
-// 64) needs 39,424 bytes of scratch (and 16 to align the set): it fits the
-// 40,936 bytes of level-0 (shared memory) scratch that a Kokkos 4.6 CUDA
-// team can have, so every probe and atomic stays on the chip. Larger shapes
-// run the same code from level-1 (global) scratch.
+// addressing, 2K positions, so it is at most half full). One 32-bit word per
+// position packs what the passes know about a key (hisparse::empty_word and
+// below): its first top-k entry, then the hot slot that holds it or, for a
+// key that misses, its miss number. With the host row of each entry, each
+// entry's hash position, the new LRU order, one hit bit per slot, one miss
+// bit per entry and the per-warp team sums, a production row (K = 2048,
+// H = 4096, hot blocks of 64) needs 39,424 bytes of scratch (and 16 to align
+// the set): it fits the 40,936 bytes of level-0 (shared memory) scratch that
+// a Kokkos 4.6 CUDA team can have, so every probe and atomic stays on the
+// chip. Larger shapes run the same code from level-1 (global) scratch.
 //
 // On a GPU one team resolves a row alone, so the row's time is its chain of
 // dependent loads and barriers, and the more warps hide each other's
-// latency the shorter it is: a team is 1024 threads. A thread takes fixed
-// groups of entries (2) or LRU positions (4), one group of each per thread
-// at K = 2048, H = 4096, and issues a group's global loads before it uses
-// any of them. Each team sum is one barrier (device::team_exclusive_sum: a
-// warp shuffle scan, one word per warp through scratch), and that barrier
-// is also the one between two passes. LaunchBounds<1024, 1> keeps the kernel
-// within 64 registers (a 1024-thread team's share of an SM's register file).
-// On the host a team is one thread and the same passes run as loops.
+// latency the shorter it is: a team is 1024 threads (rows resolved sooner
+// than with 512 on the H200; docs/PERFORMANCE.md). Each pass gives a thread
+// fixed groups of entries (2) or slots (4), one group per thread at
+// K = 2048, H = 4096, and issues a group's global loads before it uses any
+// of them; the prefix sums run over groups, and the LRU walk and the miss
+// numbering share one. Each team sum is one barrier
+// (device::team_exclusive_sum: a warp shuffle scan, one word per warp through
+// scratch), and that barrier is also the one between two passes. LaunchBounds<1024, 1> keeps the kernel within
+// 64 registers (a 1024-thread team's share of an SM's register file). On the
+// host a team is one thread and the same passes run as loops.
 //
-// Passes (the barrier that ends each is in brackets):
+// Passes (one barrier between two, in the team sum that ends each):
 //   1. map_entries: map every entry to its host row g and its resident row;
 //      write the resolved rows, the resident and invalid outputs and the
-//      valid count; insert the host rows of the entries that need a slot
-//      (each key keeps its first top-k entry: duplicates collapse to it).
-//      The set is cleared and the hot block table cached while the first
-//      entries' table loads are in flight [a barrier], and on CUDA the
-//      state's slot_rows and lru are prefetched for pass 2 [team sum: valid
-//      entries, distinct keys]. A row with no key returns here (its LRU
-//      untouched), and so does a padding row, mapped as a row whose request
-//      is outside the tables (all -1, counts 0).
-//   2. classify_slots: walk the old LRU order; a slot whose host row is in
-//      the set is a hit and records itself in the key's word [team sum:
-//      hits, keys held]. Then each LRU position moves to its new place
-//      (untouched evictable, newly loaded in miss order, hits, each in old
-//      order), so the m-th oldest evictable slot lands where miss m finds it.
-//   3. classify_entries: an entry whose key no slot holds is its key's first
-//      entry (the key loads) or a duplicate of it [team sum: first entries,
-//      duplicates, in entry order: the miss numbers].
-//   4. write_results: the hot and attention rows of every entry of a hit
-//      key and of every first entry of a missing key; the latter also
-//      appends the swap pair and sets its slot's host row, and publishes its
-//      miss number in the key's word; the new LRU order is stored. Only if
-//      the row has duplicates of missing keys [a barrier] do they read their
-//      miss numbers and write their rows.
+//      valid count; clear the set; cache the row's hot block table. A row
+//      with nothing left to look up returns here (its LRU untouched), and so
+//      does a padding row, mapped as a row whose request is outside the
+//      tables (all -1, counts 0).
+//   2. build_set: insert the pending host rows; each key keeps the first top-k
+//      entry that selected it (duplicates collapse to it).
+//      On CUDA it also prefetches the state's slot_rows and lru for pass 3.
+//   3. classify_slots: by slot index (coalesced slot_rows reads), a slot whose
+//      host row is in the set is a hit and its key records the slot. The
+//      same loads read the row's old LRU order, so that pass 4 finds it in
+//      the cache.
+//   4. order_slots: one prefix sum over LRU groups (hits before each) and
+//      entry groups (misses before each). Each LRU position moves to its new
+//      place (untouched evictable, newly loaded in miss order, hits), and the
+//      first entry of each missing key gives the key its miss number m.
+//   5. write_results: the hot and attention rows of every pending entry
+//      (miss m takes the m-th oldest evictable slot, which is where step 4
+//      put it in the new order); the first entry of each miss appends the
+//      swap pair and sets the slot's host row; the new LRU order is stored.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -63,28 +60,24 @@ namespace sparse_mla::kernels {
 
 namespace hisparse {
 
-// A key position that holds no host row (host rows are never negative).
-constexpr std::uint32_t empty_key = 0xFFFFFFFFu;
-// position[j] of an entry that needs no slot (resident, invalid).
-constexpr std::uint16_t no_position = 0xFFFFu;
+constexpr std::int32_t done = -1;  // entry needs no slot (resident, invalid)
 
-// The word beside a key. Pass 1: the first entry j that selected the key, in
-// bits 0-15 (atomic min from entry_unset; the high half is 0). Pass 2: a hit
-// slot s makes it (s + 1) << 16 (atomic max, so a state that held a row in
-// two slots still resolves deterministically, to the larger slot). Pass 4:
-// the first entry of a key no slot holds makes it
-// (m << 16) | miss_flag | j, m its miss number.
+// The set's words. A position is empty_word, or holds a key: bits 0-14 are
+// the first entry j that selected it (pass 2: atomic min); bits 16-31 are
+// 0, then slot + 1 once a hit slot holds the key (pass 3: atomic max, so a
+// state that held a row in two slots still resolves deterministically).
+// Pass 4 sets miss_flag on a key that no slot holds and puts its miss number
+// m in bits 16-31. The key itself is host_rows[j].
 // The packing needs K <= H <= hisparse_max_hot_slots (2^15): j, m < 2^15,
-// slot + 1 <= 2^15, set positions < 3K/2 + 4 < no_position. check_resolve
-// refuses other shapes with a message naming hot_slots.
-constexpr std::uint32_t entry_unset = 0xFFFFu;
+// slot + 1 <= 2^15, hash positions < 2K <= 2^16. check_resolve refuses other
+// shapes with a message naming hot_slots.
+constexpr std::uint32_t empty_word = 0xFFFFFFFFu;
 constexpr std::uint32_t entry_bits = 0x7FFFu;
 constexpr std::uint32_t miss_flag = 0x8000u;
 static_assert(hisparse_max_hot_slots <= 32768, "entries, slots and miss numbers must fit the packed set words");
 
-// A GPU team's threads, and the groups of entries and LRU positions they
-// take: one entry group and one position group per thread at K = 2048,
-// H = 4096.
+// A GPU team's threads, and the groups of entries and slots they take: one
+// entry group and one slot group per thread at K = 2048, H = 4096.
 constexpr int team_threads = 1024;
 constexpr int entries_per_group = 2;
 constexpr int slots_per_group = 4;  // one byte of hit flags
@@ -96,27 +89,20 @@ constexpr std::int32_t max_cached_hot_blocks = 1024;
 // later barrier that every thread reaches after reading it.
 constexpr std::int32_t team_total_words = 2 * device::team_exclusive_sum_words;
 
-// An entry's class in pass 3 (two bits per entry, entries_per_group to a byte).
-constexpr std::uint32_t first_miss = 1u, duplicate_miss = 2u;
-
 KOKKOS_INLINE_FUNCTION std::int32_t groups(std::int32_t n, std::int32_t per_group) {
   return (n + per_group - 1) / per_group;
 }
 
-// The set is probed a bucket of 8 positions at a time (two 16-byte scratch
-// loads of the keys): a key starts at the first position of its hash bucket
-// and moves on a bucket at a time. A key sits at the first position that was
-// empty in its probe order when it went in, and positions are never emptied,
-// so a lookup ends at its key or at the first empty position. A warp probes
-// until its longest chain ends: with 8 positions a bucket, nearly every key
-// of a row ends in its first bucket.
-constexpr std::int32_t bucket = 8;
+// The set is probed a bucket of 4 positions at a time (one 16-byte scratch
+// load): a key starts at the first position of its hash bucket and moves on
+// a bucket at a time, so a lookup at half load nearly always ends in its
+// first bucket. Probing one position at a time, a warp ran as many rounds as
+// its longest chain, and probing dominated the resolve's instructions.
+constexpr std::int32_t bucket = 4;
 
-// Positions of the set for top_k entries: 3K/2 (at most two thirds full), a
-// whole number of buckets.
-KOKKOS_INLINE_FUNCTION std::int32_t set_positions(std::int32_t top_k) {
-  return (3 * top_k / 2 + bucket - 1) / bucket * bucket;
-}
+// Positions of the set for top_k entries: 2K (at most half full), a whole
+// number of buckets.
+KOKKOS_INLINE_FUNCTION std::int32_t set_positions(std::int32_t top_k) { return (2 * top_k + bucket - 1) / bucket * bucket; }
 
 // Knuth's multiplicative hash, scaled to [0, size) by its high bits.
 KOKKOS_INLINE_FUNCTION std::int32_t hash_position(std::int32_t key, std::int32_t size) {
@@ -124,15 +110,16 @@ KOKKOS_INLINE_FUNCTION std::int32_t hash_position(std::int32_t key, std::int32_t
   return static_cast<std::int32_t>((static_cast<std::uint64_t>(mixed) * static_cast<std::uint32_t>(size)) >> 32);
 }
 
-// The lowest set bit of a nonzero mask.
-KOKKOS_INLINE_FUNCTION std::int32_t lowest_bit(std::uint32_t mask) { return device::first_lane(mask); }
-
-// The team's scratch arrays, carved from one allocation. Each array's
-// address is computed from the base where it is used, so that a thread
-// keeps one pointer in its registers instead of eight.
+// The team's scratch arrays, carved from one allocation.
 struct ResolveScratch {
-  char* base;  // 16-byte aligned
-  std::int32_t top_k, hot_slots, cached;
+  std::uint32_t* words;      // [set_positions(K)]: the hash set, 16-byte aligned
+  std::uint32_t* totals;     // [team_total_words]: per-group partial sums (device::team_exclusive_sum)
+  std::int32_t* host_rows;   // [K]: host row of entry j when it needs a slot, else done
+  std::int32_t* hot_blocks;  // [cached]: the row's hot block table, or unused (cached = 0)
+  std::uint16_t* position;   // [K]: hash position of entry j (entries that need a slot)
+  std::int16_t* lru;         // [H]: the new LRU order (pass 4); pass 3 copies the old one here
+  std::uint8_t* hit_flags;   // [ceil(H / 4)]: bit s % S of byte s / S is set when slot s is a hit (S slots a group)
+  std::uint8_t* miss_flags;  // [ceil(K / 2)]: pass 4, bit u of byte i: entry E * i + u gives its key a miss number
 
   // Hot block table entries cached per row: all of the row's, or 0.
   KOKKOS_INLINE_FUNCTION static std::int32_t cached_hot_blocks(std::int32_t hot_slots, std::int32_t hot_block_size) {
@@ -141,29 +128,22 @@ struct ResolveScratch {
   }
   KOKKOS_INLINE_FUNCTION static std::size_t bytes(std::int32_t top_k, std::int32_t hot_slots, std::int32_t cached) {
     const std::size_t k = static_cast<std::size_t>(top_k), h = static_cast<std::size_t>(hot_slots);
-    return 4 * (2 * static_cast<std::size_t>(set_positions(top_k)) + static_cast<std::size_t>(team_total_words + cached)) +
+    return 4 * (static_cast<std::size_t>(set_positions(top_k)) + k + static_cast<std::size_t>(team_total_words + cached)) +
            2 * (k + h) + (h + slots_per_group - 1) / slots_per_group + (k + entries_per_group - 1) / entries_per_group;
   }
-  // [set_positions(K)]: the set's host rows, empty_key where none.
-  KOKKOS_INLINE_FUNCTION std::uint32_t* keys() const { return reinterpret_cast<std::uint32_t*>(base); }
-  // [set_positions(K)]: the word of the key at the same position.
-  KOKKOS_INLINE_FUNCTION std::uint32_t* words() const { return keys() + set_positions(top_k); }
-  // [team_total_words]: per-group partial sums (device::team_exclusive_sum).
-  KOKKOS_INLINE_FUNCTION std::uint32_t* totals() const { return words() + set_positions(top_k); }
-  // [cached]: the row's hot block table, or unused (cached = 0).
-  KOKKOS_INLINE_FUNCTION std::int32_t* hot_blocks() const {
-    return reinterpret_cast<std::int32_t*>(totals() + team_total_words);
+  KOKKOS_INLINE_FUNCTION static ResolveScratch carve(void* base, std::int32_t top_k, std::int32_t hot_slots,
+                                                     std::int32_t cached) {
+    ResolveScratch s;
+    s.words = static_cast<std::uint32_t*>(base);
+    s.totals = s.words + set_positions(top_k);
+    s.host_rows = reinterpret_cast<std::int32_t*>(s.totals + team_total_words);
+    s.hot_blocks = s.host_rows + top_k;
+    s.position = reinterpret_cast<std::uint16_t*>(s.hot_blocks + cached);
+    s.lru = reinterpret_cast<std::int16_t*>(s.position + top_k);
+    s.hit_flags = reinterpret_cast<std::uint8_t*>(s.lru + hot_slots);
+    s.miss_flags = s.hit_flags + groups(hot_slots, slots_per_group);
+    return s;
   }
-  // [K]: set position of entry j's host row, or no_position.
-  KOKKOS_INLINE_FUNCTION std::uint16_t* position() const {
-    return reinterpret_cast<std::uint16_t*>(hot_blocks() + cached);
-  }
-  // [H]: the new LRU order (pass 2).
-  KOKKOS_INLINE_FUNCTION std::int16_t* lru() const { return reinterpret_cast<std::int16_t*>(position() + top_k); }
-  // [ceil(H / 4)]: bit u of byte i: the slot at old LRU position 4i + u is a hit.
-  KOKKOS_INLINE_FUNCTION std::uint8_t* hit_flags() const { return reinterpret_cast<std::uint8_t*>(lru() + hot_slots); }
-  // [ceil(K / 2)]: pass 3, bits 2u, 2u + 1 of byte i: class of entry 2i + u.
-  KOKKOS_INLINE_FUNCTION std::uint8_t* classes() const { return hit_flags() + groups(hot_slots, slots_per_group); }
 };
 
 }  // namespace hisparse
@@ -201,116 +181,35 @@ struct HiSparseResolve {
     return Shape::threads > 0 ? Shape::threads : team.team_size();
   }
 
-  KOKKOS_INLINE_FUNCTION std::int32_t set_size() const { return hisparse::set_positions(top_k()); }
+  KOKKOS_INLINE_FUNCTION std::int32_t hash_size() const { return hisparse::set_positions(top_k()); }
   KOKKOS_INLINE_FUNCTION std::int32_t first_position(std::int32_t key) const {
-    return hisparse::hash_position(key, set_size() / hisparse::bucket) * hisparse::bucket;
+    return hisparse::hash_position(key, hash_size() / hisparse::bucket) * hisparse::bucket;
   }
   KOKKOS_INLINE_FUNCTION std::int32_t next_bucket(std::int32_t b) const {
-    return b + hisparse::bucket == set_size() ? 0 : b + hisparse::bucket;
+    return b + hisparse::bucket == hash_size() ? 0 : b + hisparse::bucket;
+  }
+
+  // The words of the bucket at b (one 16-byte load), and the key of each
+  // (host_rows[0] for an empty word: a load in any case, so that the four
+  // issue together).
+  struct Bucket {
+    std::uint32_t word[hisparse::bucket];
+    std::int32_t key[hisparse::bucket];
+  };
+  KOKKOS_INLINE_FUNCTION void load_bucket(const hisparse::ResolveScratch& s, std::int32_t b, Bucket& k) const {
+    const Int4 v = *reinterpret_cast<const Int4*>(s.words + b);
+    k.word[0] = static_cast<std::uint32_t>(v.x);
+    k.word[1] = static_cast<std::uint32_t>(v.y);
+    k.word[2] = static_cast<std::uint32_t>(v.z);
+    k.word[3] = static_cast<std::uint32_t>(v.w);
+  }
+  KOKKOS_INLINE_FUNCTION void load_keys(const hisparse::ResolveScratch& s, Bucket& k) const {
+    for (int i = 0; i < hisparse::bucket; ++i) {
+      k.key[i] = s.host_rows[k.word[i] == hisparse::empty_word ? 0 : k.word[i] & hisparse::entry_bits];
+    }
   }
   KOKKOS_INLINE_FUNCTION std::int32_t entry_groups() const { return hisparse::groups(top_k(), E); }
   KOKKOS_INLINE_FUNCTION std::int32_t slot_groups() const { return hisparse::groups(hot_slots(), S); }
-
-  // The bucket at b against `key` (two 16-byte loads): bit i is set when
-  // position b + i holds the key, bit 8 + i when it is empty.
-  KOKKOS_INLINE_FUNCTION std::uint32_t match_bucket(const hisparse::ResolveScratch& s, std::int32_t b,
-                                                    std::uint32_t key) const {
-    const Int4* v = reinterpret_cast<const Int4*>(s.keys() + b);
-    const Int4 lo = v[0], hi = v[1];
-    return match4(lo, key) | (match4(hi, key) << 4);
-  }
-  KOKKOS_INLINE_FUNCTION static std::uint32_t match4(const Int4& v, std::uint32_t key) {
-    const auto x = static_cast<std::uint32_t>(v.x), y = static_cast<std::uint32_t>(v.y),
-               z = static_cast<std::uint32_t>(v.z), w = static_cast<std::uint32_t>(v.w);
-    const std::uint32_t found = (x == key ? 1u : 0u) | (y == key ? 2u : 0u) | (z == key ? 4u : 0u) | (w == key ? 8u : 0u);
-    // Host rows are never negative: an empty position is the only one with its top bit set.
-    const std::uint32_t empty = (x >> 31) | ((y >> 31) << 1) | ((z >> 31) << 2) | ((w >> 31) << 3);
-    return found | (empty << 8);
-  }
-
-  // Looks up N host rows together (g[u] < 0: none), one bucket of each per
-  // round, so that their scratch loads overlap. h[u]: the key's position, or
-  // -1 when it is not in the set.
-  template <int N>
-  KOKKOS_INLINE_FUNCTION void find_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
-                                        std::int32_t (&h)[N]) const {
-    std::int32_t b[N];
-    std::uint32_t open = 0;
-    for (int u = 0; u < N; ++u) {
-      h[u] = -1;
-      b[u] = g[u] >= 0 ? first_position(g[u]) : 0;
-      open |= g[u] >= 0 ? 1u << u : 0u;
-    }
-    while (open != 0) {
-      std::uint32_t m[N];
-      for (int u = 0; u < N; ++u) m[u] = match_bucket(s, b[u], static_cast<std::uint32_t>(g[u]));
-      for (int u = 0; u < N; ++u) {
-        if (((open >> u) & 1u) == 0) continue;
-        if ((m[u] & 0xFFu) != 0) {
-          h[u] = b[u] + hisparse::lowest_bit(m[u] & 0xFFu);
-          open &= ~(1u << u);
-        } else if ((m[u] >> 8) != 0) {
-          open &= ~(1u << u);
-        } else {
-          b[u] = next_bucket(b[u]);
-        }
-      }
-    }
-  }
-
-  // Inserts N host rows together (g[u] < 0: none; entry j[u] selected it),
-  // gives each key's position in h[u], and lowers the key's first entry to
-  // j[u]. Returns how many keys this call added to the set. An empty
-  // position seen in a bucket may be taken by another key before the
-  // compare-and-swap, which returns that key: the insert then tries the
-  // next position it saw empty, and reads a bucket only when it moves to
-  // it (a plain read after a failed atomic could see a stale line of
-  // level-1 scratch, which is global memory).
-  template <int N>
-  KOKKOS_INLINE_FUNCTION std::int32_t insert_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
-                                                  const std::int32_t (&j)[N], std::int32_t (&h)[N]) const {
-    std::int32_t b[N];
-    std::uint32_t m[N];
-    std::uint32_t open = 0;
-    std::int32_t added = 0;
-    for (int u = 0; u < N; ++u) {
-      h[u] = -1;
-      b[u] = g[u] >= 0 ? first_position(g[u]) : 0;
-      open |= g[u] >= 0 ? 1u << u : 0u;
-    }
-    std::uint32_t read = open;  // keys whose bucket at b[u] is to be read
-    while (open != 0) {
-      for (int u = 0; u < N; ++u) {
-        if ((read >> u) & 1u) m[u] = match_bucket(s, b[u], static_cast<std::uint32_t>(g[u]));
-      }
-      read = 0;
-      for (int u = 0; u < N; ++u) {
-        if (((open >> u) & 1u) == 0) continue;
-        if ((m[u] & 0xFFu) != 0) {
-          h[u] = b[u] + hisparse::lowest_bit(m[u] & 0xFFu);
-          open &= ~(1u << u);
-        } else if ((m[u] >> 8) != 0) {
-          const std::int32_t i = hisparse::lowest_bit(m[u] >> 8);
-          const std::uint32_t key = static_cast<std::uint32_t>(g[u]);
-          const std::uint32_t old = device::atomic_cas(&s.keys()[b[u] + i], hisparse::empty_key, key);
-          if (old == hisparse::empty_key || old == key) {
-            added += old == hisparse::empty_key ? 1 : 0;
-            h[u] = b[u] + i;
-            open &= ~(1u << u);
-          } else {
-            m[u] &= ~(0x100u << i);  // taken by another key
-          }
-        } else {
-          b[u] = next_bucket(b[u]);
-          read |= 1u << u;
-        }
-      }
-    }
-    for (int u = 0; u < N; ++u) {
-      if (h[u] >= 0) device::atomic_min(&s.words()[h[u]], static_cast<std::uint32_t>(j[u]));
-    }
-    return added;
-  }
 
   // The host row of request-relative position `tok` (SPEC section 5, step 1)
   // in two steps, so that a group issues all its table loads before it uses
@@ -361,7 +260,7 @@ struct HiSparseResolve {
   KOKKOS_INLINE_FUNCTION std::int32_t hot_row(const hisparse::ResolveScratch& s, std::int64_t row,
                                               std::int32_t slot) const {
     const std::int32_t b = hot_split.block(slot);
-    const std::int32_t block = cached_blocks > 0 ? s.hot_blocks()[b] : a.hot_block_table[row * a.hot_table_stride + b];
+    const std::int32_t block = cached_blocks > 0 ? s.hot_blocks[b] : a.hot_block_table[row * a.hot_table_stride + b];
     return static_cast<std::int32_t>(static_cast<std::int64_t>(block) * a.hot_block_size + hot_split.offset(slot));
   }
 
@@ -375,77 +274,117 @@ struct HiSparseResolve {
     }
   }
 
+  // Probes N host rows together, one bucket of each per round, so that their
+  // scratch loads overlap. at_bucket(u, b, k) looks at the bucket at b (its
+  // words and keys k) of key u and returns true when key u is done there;
+  // a key not done moves on to the next bucket. g[u] < 0: no key.
+  template <int N, class AtBucket>
+  KOKKOS_INLINE_FUNCTION void probe_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
+                                         AtBucket&& at_bucket) const {
+    bool open[N];
+    std::int32_t b[N];
+    bool any = false;
+    for (int u = 0; u < N; ++u) {
+      open[u] = g[u] >= 0;
+      b[u] = open[u] ? first_position(g[u]) : 0;
+      any = any || open[u];
+    }
+    while (any) {
+      any = false;
+      Bucket k[N];
+      for (int u = 0; u < N; ++u) load_bucket(s, b[u], k[u]);
+      for (int u = 0; u < N; ++u) load_keys(s, k[u]);
+      for (int u = 0; u < N; ++u) {
+        if (!open[u]) continue;
+        if (at_bucket(u, b[u], k[u])) {
+          open[u] = false;
+        } else {
+          b[u] = next_bucket(b[u]);
+          any = true;
+        }
+      }
+    }
+  }
+
+  // Looks up N host rows together. h[u]: the key's position, or -1 (g[u] < 0,
+  // or not in the set); w[u]: its word. A lookup ends at the key or at the
+  // first empty position in probe order.
+  template <int N>
+  KOKKOS_INLINE_FUNCTION void find_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
+                                        std::int32_t (&h)[N], std::uint32_t (&w)[N]) const {
+    for (int u = 0; u < N; ++u) {
+      h[u] = -1;
+      w[u] = hisparse::empty_word;
+    }
+    // The bucket loops leave by `break`, not by their condition: clang then
+    // unrolls them whole and keeps the bucket in registers (with `&& !done`
+    // in the condition it kept it in scratch memory on gfx90a).
+    probe_keys(s, g, [&](int u, std::int32_t b, const Bucket& k) {
+      bool done = false;
+      for (int i = 0; i < hisparse::bucket; ++i) {
+        if (k.word[i] == hisparse::empty_word) {
+          done = true;
+        } else if (k.key[i] == g[u]) {
+          h[u] = b + i;
+          w[u] = k.word[i];
+          done = true;
+        }
+        if (done) break;
+      }
+      return done;
+    });
+  }
+
+  // Inserts N host rows (entries j[u]; g[u] < 0: none) together. h[u]: the
+  // key's position. Returns how many keys this call added to the set. A word
+  // seen holding a key keeps that key (only its entry can fall, to a smaller
+  // one of the same key); a word seen empty may be taken by another thread
+  // before the compare-and-swap, which then reports the word that thread
+  // stored.
+  template <int N>
+  KOKKOS_INLINE_FUNCTION std::int32_t insert_keys(const hisparse::ResolveScratch& s, const std::int32_t (&g)[N],
+                                                  const std::int32_t (&j)[N], std::int32_t (&h)[N]) const {
+    const std::uint32_t empty = hisparse::empty_word;
+    std::int32_t added = 0;
+    for (int u = 0; u < N; ++u) h[u] = -1;
+    probe_keys(s, g, [&](int u, std::int32_t b, const Bucket& k) {
+      const auto entry = static_cast<std::uint32_t>(j[u]);
+      bool done = false;
+      for (int i = 0; i < hisparse::bucket; ++i) {  // leaves by break, as in find_keys
+        std::uint32_t word = k.word[i];
+        std::int32_t key = k.key[i];
+        if (word == empty) {
+          word = device::atomic_cas(&s.words[b + i], empty, entry);
+          if (word == empty) {
+            ++added;
+            h[u] = b + i;
+            done = true;
+            break;
+          }
+          key = s.host_rows[word];  // in this pass a word is empty or an entry index
+        }
+        if (key == g[u]) {
+          if (entry < word) device::atomic_min(&s.words[b + i], entry);
+          h[u] = b + i;
+          done = true;
+          break;
+        }
+      }
+      return done;
+    });
+    return added;
+  }
+
   // Counts summed over the team pack two 16-bit counts into a word (low and
   // high half): every count here is at most hot_slots <= 2^15, so neither
   // half carries into the other.
   static constexpr std::uint32_t high_count = std::uint32_t{1} << 16;
 
-  // Groups [begin, end) of n for this thread: consecutive, so that a team
-  // sum over the threads is one in group order.
-  KOKKOS_INLINE_FUNCTION static void thread_groups(const member_type& team, std::int32_t n, std::int32_t& begin,
-                                                   std::int32_t& end) {
-    const std::int32_t per_thread = hisparse::groups(n, threads(team));
-    begin = team.team_rank() * per_thread;
-    end = begin + per_thread < n ? begin + per_thread : n;
-  }
-
-  // Pass 1's entry group i: entries i, i + G, ... (coalesced loads), their
-  // tokens, then their source and resident block table entries.
-  struct EntryGroup {
-    std::int32_t tok[E], source[E], resident[E];
-  };
-  KOKKOS_INLINE_FUNCTION void load_tokens(const std::int32_t* in, std::int32_t i, EntryGroup& e) const {
-    for (int u = 0; u < E; ++u) {
-      const std::int32_t j = i + u * entry_groups();
-      e.tok[u] = j < top_k() ? in[j] : -1;
-    }
-  }
-  // Branches only on the row (uniform), none per entry.
-  KOKKOS_INLINE_FUNCTION void load_tables(const std::int32_t* source_table, const std::int32_t* resident_table,
-                                          EntryGroup& e) const {
-    for (int u = 0; u < E; ++u) e.source[u] = source_table != nullptr ? source_block(source_table, e.tok[u]) : -1;
-    for (int u = 0; u < E; ++u) {
-      e.resident[u] = resident_table != nullptr ? resident_block(resident_table, e.tok[u]) : -1;
-    }
-  }
-
-  // Pass 1 for one entry group: the outputs of entries that need no slot,
-  // the keys of the others. Returns valid entries (low half) and keys added
-  // to the set (high half).
-  KOKKOS_INLINE_FUNCTION std::uint32_t map_group(const hisparse::ResolveScratch& s, std::int64_t row, std::int32_t i,
-                                                 const EntryGroup& e) const {
-    const std::int32_t K = top_k();
-    std::int32_t g[E], resident[E], j[E], key[E], h[E];
-    std::uint32_t valid = 0;
-    for (int u = 0; u < E; ++u) {
-      g[u] = host_row(e.source[u], e.tok[u]);
-      resident[u] = resident_row(e.resident[u], e.tok[u]);
-    }
-    for (int u = 0; u < E; ++u) {
-      j[u] = i + u * entry_groups();
-      key[u] = -1;
-      if (j[u] >= K) continue;
-      if (a.resolved_rows != nullptr) a.resolved_rows[row * a.out_stride + j[u]] = g[u];
-      const bool pending = resident[u] < 0 && g[u] >= 0;
-      if (!pending) {
-        store(row, j[u], resident[u]);
-        if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j[u]] = 0;
-      }
-      key[u] = pending ? g[u] : -1;
-      valid += resident[u] >= 0 || g[u] >= 0 ? 1u : 0u;
-    }
-    const std::int32_t added = insert_keys(s, key, j, h);
-    for (int u = 0; u < E; ++u) {
-      if (j[u] < K) s.position()[j[u]] = key[u] >= 0 ? static_cast<std::uint16_t>(h[u]) : hisparse::no_position;
-    }
-    return valid + static_cast<std::uint32_t>(added) * high_count;
-  }
-
-  // Pass 1. `request` -1 maps every entry to -1; `cached` hot block table
-  // entries are copied to scratch. On CUDA the state's slot_rows and lru are
-  // prefetched for pass 2 (not for a padding row). The first entry group's
-  // loads are issued before the set is cleared, and its table loads are in
-  // flight across the barrier that ends the clearing.
+  // Pass 1. Returns this thread's counts: valid entries in the low half,
+  // entries that need a hot slot in the high. Group i holds entries i, i + G,
+  // ... (coalesced loads). `request` -1 maps every entry to -1; `cached` hot
+  // block table entries are copied to scratch. On CUDA the state's
+  // slot_rows and lru are prefetched for pass 3 (not for a padding row).
   KOKKOS_INLINE_FUNCTION std::uint32_t map_entries(const member_type& team, const hisparse::ResolveScratch& s,
                                                    std::int64_t row, std::int32_t request, std::int64_t hot_table_row,
                                                    std::int32_t cached, const std::int32_t* slot_rows,
@@ -454,203 +393,293 @@ struct HiSparseResolve {
     const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
     const std::int32_t* source_table = source_table_row(request);
     const std::int32_t* resident_table = resident_table_row(request);
+    const std::int32_t K = top_k();
     const std::int32_t G = entry_groups();
-    const std::int32_t rank = team.team_rank(), step = threads(team);
-    EntryGroup e{};
-    if (rank < G) load_tokens(in, rank, e);
-    const Int4 empty_keys{-1, -1, -1, -1};
-    const Int4 unset_words{static_cast<std::int32_t>(hisparse::entry_unset), static_cast<std::int32_t>(hisparse::entry_unset),
-                           static_cast<std::int32_t>(hisparse::entry_unset), static_cast<std::int32_t>(hisparse::entry_unset)};
-    for (std::int32_t q = rank; q < set_size() / 4; q += step) {
-      reinterpret_cast<Int4*>(s.keys())[q] = empty_keys;
-      reinterpret_cast<Int4*>(s.words())[q] = unset_words;
-    }
-    // Pass 2 reads these two arrays: bring them to this SM's L1 while the
-    // table loads are in flight, a line (32 slot rows, 64 LRU positions) at
-    // a time. A hint where the device has one (device::prefetch_l1),
-    // nothing elsewhere.
-    if (prefetch) {
-      const std::int32_t H = hot_slots();
-      for (std::int32_t l = rank; l <= H / 32; l += step) {
-        device::prefetch_l1(slot_rows + (l * 32 < H ? l * 32 : H - 1));
-        if (l <= H / 64) device::prefetch_l1(lru + (l * 64 < H ? l * 64 : H - 1));
-      }
-    }
-    for (std::int32_t b = rank; b < cached; b += step) s.hot_blocks()[b] = hot_table[b];
-    if (rank < G) load_tables(source_table, resident_table, e);
-    team.team_barrier();  // the set is clear
     std::uint32_t counts = 0;
-    for (std::int32_t i = rank; i < G; i += step) {
-      if (i != rank) {
-        load_tokens(in, i, e);
-        load_tables(source_table, resident_table, e);
+    for (std::int32_t i = team.team_rank(); i < G; i += threads(team)) {
+      std::int32_t tok[E], g[E], resident[E];
+      for (int u = 0; u < E; ++u) {
+        const std::int32_t j = i + u * G;
+        tok[u] = j < K ? in[j] : -1;
       }
-      counts += map_group(s, row, i, e);
+      // While the loads are in flight: clear the set, copy the hot block table.
+      for (std::int32_t h = i; h < hash_size(); h += G) s.words[h] = hisparse::empty_word;
+      // Pass 3 reads these two barriers from now: bring them to this SM's L1
+      // while the table loads are in flight (after the entry loads, which
+      // must not wait for the state). A hint where the device has one
+      // (device::prefetch_l1), nothing elsewhere.
+      if (prefetch) {
+        for (std::int32_t k = i; k < slot_groups(); k += G) {
+          device::prefetch_l1(slot_rows + k * S);
+          device::prefetch_l1(lru + k * S);
+        }
+      }
+      for (std::int32_t b = i; b < cached; b += G) s.hot_blocks[b] = hot_table[b];
+      // Branches only on the row (uniform), none per entry.
+      if (source_table != nullptr) {
+        for (int u = 0; u < E; ++u) g[u] = source_block(source_table, tok[u]);
+      } else {
+        for (int u = 0; u < E; ++u) g[u] = -1;
+      }
+      if (resident_table != nullptr) {
+        for (int u = 0; u < E; ++u) resident[u] = resident_block(resident_table, tok[u]);
+      } else {
+        for (int u = 0; u < E; ++u) resident[u] = -1;
+      }
+      for (int u = 0; u < E; ++u) {
+        g[u] = host_row(g[u], tok[u]);
+        resident[u] = resident_row(resident[u], tok[u]);
+      }
+      for (int u = 0; u < E; ++u) {
+        const std::int32_t j = i + u * G;
+        if (j >= K) break;
+        if (a.resolved_rows != nullptr) a.resolved_rows[row * a.out_stride + j] = g[u];
+        const bool pending = resident[u] < 0 && g[u] >= 0;
+        if (!pending) {
+          store(row, j, resident[u]);
+          if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 0;
+        }
+        s.host_rows[j] = pending ? g[u] : hisparse::done;
+        s.position[j] = 0;  // pass 2 sets it for pending entries
+        counts += (resident[u] >= 0 || g[u] >= 0 ? 1u : 0u) + (pending ? high_count : 0u);
+      }
     }
     return counts;
   }
 
-  // Pass 2, first half, for LRU position groups [begin, end) (group i:
-  // positions 4i .. 4i + 3). Returns this thread's hit slots (low half) and
-  // the keys they are the first to hold (high).
-  KOKKOS_INLINE_FUNCTION std::uint32_t classify_slots(const hisparse::ResolveScratch& s, const std::int32_t* slot_rows,
-                                                      const std::int16_t* lru, std::int32_t begin,
-                                                      std::int32_t end) const {
+  // Pass 2. Returns how many distinct host rows this thread added to the set.
+  KOKKOS_INLINE_FUNCTION std::uint32_t build_set(const member_type& team, const hisparse::ResolveScratch& s) const {
+    const std::int32_t K = top_k();
+    const std::int32_t G = entry_groups();
+    std::uint32_t distinct = 0;
+    for (std::int32_t i = team.team_rank(); i < G; i += threads(team)) {
+      std::int32_t j[E], g[E], h[E];
+      for (int u = 0; u < E; ++u) {
+        j[u] = i + u * G;
+        g[u] = j[u] < K ? s.host_rows[j[u]] : hisparse::done;
+      }
+      distinct += static_cast<std::uint32_t>(insert_keys(s, g, j, h));
+      for (int u = 0; u < E; ++u) {
+        if (g[u] >= 0) s.position[j[u]] = static_cast<std::uint16_t>(h[u]);
+      }
+    }
+    return distinct;
+  }
+
+  // Pass 3. Group i holds slots 8i .. 8i + 7 and LRU positions 8i .. 8i + 7.
+  // Returns this thread's hit slots in the low half, the keys they hold
+  // (first holder only) in the high.
+  KOKKOS_INLINE_FUNCTION std::uint32_t classify_slots(const member_type& team, const hisparse::ResolveScratch& s,
+                                                      const std::int32_t* slot_rows, const std::int16_t* lru) const {
     const std::int32_t H = hot_slots();
     std::uint32_t counts = 0;
-    for (std::int32_t i = begin; i < end; ++i) {
+    for (std::int32_t i = team.team_rank(); i < slot_groups(); i += threads(team)) {
       const std::int32_t first = i * S;
-      std::int32_t slot[S], g[S];
-      for (int u = 0; u < S; ++u) slot[u] = first + u < H ? lru[first + u] : -1;
-      for (int u = 0; u < S; ++u) g[u] = slot[u] >= 0 ? slot_rows[slot[u]] : -1;
-      // All eight loads above are issued first; the lookups go one at a
-      // time (a bucket is eight registers), which keeps the kernel within
-      // its registers.
-      std::uint32_t flags = 0;
+      std::int32_t g[S];
+      std::int16_t old_order[S];
       for (int u = 0; u < S; ++u) {
-        const std::int32_t gu[1] = {g[u]};
-        std::int32_t h[1];
-        find_keys(s, gu, h);
-        if (h[0] < 0) continue;
-        const std::uint32_t old = device::atomic_max(&s.words()[h[0]], static_cast<std::uint32_t>(slot[u] + 1) << 16);
-        flags |= 1u << u;
-        counts += 1u + ((old >> 16) == 0 ? high_count : 0u);
+        g[u] = first + u < H ? slot_rows[first + u] : -1;
+        old_order[u] = first + u < H ? lru[first + u] : std::int16_t{0};
       }
-      s.hit_flags()[i] = static_cast<std::uint8_t>(flags);
+      // Copied into the scratch that pass 4 overwrites: the copy is never
+      // read, but its loads, issued with slot_rows', bring the row's lru
+      // into the cache, where pass 4 reads it again.
+      for (int u = 0; u < S; ++u) {
+        if (first + u < H) s.lru[first + u] = old_order[u];
+      }
+      // The lookups go in two halves of four: all eight loads above are
+      // issued first, and four probes at a time keep the registers down.
+      std::uint32_t flags = 0;
+      for (int half = 0; half < S; half += S / 2) {
+        std::int32_t gh[S / 2], h[S / 2];
+        std::uint32_t w[S / 2];
+        for (int u = 0; u < S / 2; ++u) gh[u] = g[half + u];
+        find_keys(s, gh, h, w);
+        for (int u = 0; u < S / 2; ++u) {
+          if (h[u] < 0) continue;
+          const std::uint32_t slot_word = (static_cast<std::uint32_t>(first + half + u + 1) << 16) | (w[u] & 0xFFFFu);
+          const std::uint32_t old = device::atomic_max(&s.words[h[u]], slot_word);
+          flags |= 1u << (half + u);
+          counts += 1u + ((old >> 16) == 0 ? high_count : 0u);
+        }
+      }
+      s.hit_flags[i] = static_cast<std::uint8_t>(flags);
     }
     return counts;
   }
 
-  // Pass 2, second half: each of the thread's LRU positions moves to its
-  // new place. `hits_before`: hit slots at earlier LRU positions.
-  KOKKOS_INLINE_FUNCTION void order_slots(const hisparse::ResolveScratch& s, const std::int16_t* lru, std::int32_t begin,
-                                          std::int32_t end, std::int32_t hits_before, std::int32_t hits,
-                                          std::int32_t misses) const {
+  // Pass 4, scan element i: LRU positions 8i .. 8i + 7 and entries
+  // 4i .. 4i + 3. What the scan's first half reads, kept for its second.
+  struct OrderGroup {
+    std::int16_t slot[S];  // the old LRU order at positions 8i ..
+    std::uint32_t hit;     // bit u: slot[u] is a hit
+    std::int32_t h[E];     // hash positions of entries 4i ..
+    std::uint32_t miss;    // bit u: entry 4i + u is the first entry of a missing key
+    std::uint32_t count;   // hits in the low half, misses in the high
+  };
+
+  // Before the prefix sum (`placed` false) a group's misses come from the
+  // set's words and are kept in miss_flags; after it they are read back
+  // from there, because place_order_group() then writes the words of missing
+  // keys, which other threads' groups point at too (a duplicate entry, or
+  // position 0 for an entry that needs no slot). The answers would not
+  // change, but reading a word while another thread writes it is a data
+  // race (compute-sanitizer's racecheck reported it on the H200).
+  KOKKOS_INLINE_FUNCTION OrderGroup load_order_group(const hisparse::ResolveScratch& s, const std::int16_t* lru,
+                                                     std::int32_t i, bool placed) const {
+    const std::int32_t H = hot_slots(), K = top_k();
+    OrderGroup o{};
+    if (i < slot_groups()) {
+      const std::int32_t first = i * S;
+      for (int u = 0; u < S; ++u) o.slot[u] = first + u < H ? lru[first + u] : std::int16_t{0};
+      for (int u = 0; u < S; ++u) {
+        const bool hit = first + u < H && ((s.hit_flags[o.slot[u] / S] >> (o.slot[u] % S)) & 1) != 0;
+        o.hit |= hit ? 1u << u : 0u;
+        o.count += hit ? 1u : 0u;
+      }
+    }
+    if (i < entry_groups()) {
+      const std::int32_t first = i * E;
+      for (int u = 0; u < E; ++u) o.h[u] = first + u < K ? s.position[first + u] : 0;
+      if (placed) {
+        o.miss = s.miss_flags[i];
+      } else {
+        for (int u = 0; u < E; ++u) {
+          // The key's first entry, no slot and no miss number yet (a word is
+          // never an entry index that does not need a slot).
+          const bool miss = first + u < K && s.words[o.h[u]] == static_cast<std::uint32_t>(first + u);
+          o.miss |= miss ? 1u << u : 0u;
+        }
+        s.miss_flags[i] = static_cast<std::uint8_t>(o.miss);
+      }
+      for (int u = 0; u < E; ++u) o.count += ((o.miss >> u) & 1u) != 0 ? high_count : 0u;
+    }
+    return o;
+  }
+
+  // `before`: hits before group i in the low half, misses before in the high.
+  KOKKOS_INLINE_FUNCTION void place_order_group(const hisparse::ResolveScratch& s, const OrderGroup& o, std::int32_t i,
+                                                std::uint32_t before, std::int32_t hits, std::int32_t misses) const {
     const std::int32_t H = hot_slots();
     const std::int32_t untouched = H - hits - misses;
-    for (std::int32_t i = begin; i < end; ++i) {
+    if (i < slot_groups()) {
       const std::int32_t first = i * S;
-      const std::uint32_t flags = s.hit_flags()[i];
-      std::int16_t slot[S];
-      for (int u = 0; u < S; ++u) slot[u] = first + u < H ? lru[first + u] : std::int16_t{0};
+      std::int32_t hits_before = static_cast<std::int32_t>(before & 0xFFFFu);
       for (int u = 0; u < S && first + u < H; ++u) {
         std::int32_t to;
-        if ((flags >> u) & 1u) {
+        if ((o.hit >> u) & 1u) {
           to = H - hits + hits_before;  // hits, in old order
           ++hits_before;
         } else {
           const std::int32_t e = first + u - hits_before;  // evictable rank
           to = e >= misses ? e - misses : untouched + e;   // untouched, then newly loaded
         }
-        s.lru()[to < 0 ? 0 : to] = slot[u];  // to < 0 only if slot_rows held a row twice
+        s.lru[to < 0 ? 0 : to] = o.slot[u];  // to < 0 only if slot_rows held a row twice
       }
     }
-  }
-
-  // Pass 3 for entry groups [begin, end) (group i: entries 2i, 2i + 1).
-  // Returns the first entries of keys no slot holds (low half) and the
-  // other entries of those keys (high).
-  KOKKOS_INLINE_FUNCTION std::uint32_t classify_entries(const hisparse::ResolveScratch& s, std::int32_t begin,
-                                                        std::int32_t end) const {
-    const std::int32_t K = top_k();
-    std::uint32_t counts = 0;
-    for (std::int32_t i = begin; i < end; ++i) {
-      std::uint32_t classes = 0;
+    if (i < entry_groups()) {
+      const std::int32_t first = i * E;
+      std::uint32_t m = before >> 16;
       for (int u = 0; u < E; ++u) {
-        const std::int32_t j = i * E + u;
-        const std::uint16_t h = j < K ? s.position()[j] : hisparse::no_position;
-        if (h == hisparse::no_position) continue;
-        const std::uint32_t w = s.words()[h];
-        if ((w >> 16) != 0) continue;  // a slot holds the key
-        const bool first = (w & 0xFFFFu) == static_cast<std::uint32_t>(j);
-        classes |= (first ? hisparse::first_miss : hisparse::duplicate_miss) << (2 * u);
-        counts += first ? 1u : high_count;
+        if (((o.miss >> u) & 1u) == 0) continue;
+        s.words[o.h[u]] = (m << 16) | hisparse::miss_flag | static_cast<std::uint32_t>(first + u);
+        ++m;
       }
-      s.classes()[i] = static_cast<std::uint8_t>(classes);
     }
-    return counts;
   }
 
-  // Pass 4 for entry groups [begin, end): every entry but the duplicates of
-  // missing keys. `m`: first entries of missing keys in earlier groups.
-  KOKKOS_INLINE_FUNCTION void write_results(const hisparse::ResolveScratch& s, std::int64_t row,
-                                            std::int64_t hot_table_row, std::int32_t* slot_rows, std::int32_t begin,
-                                            std::int32_t end, std::int32_t m, std::int32_t untouched) const {
-    const std::int32_t K = top_k();
+  // Pass 4: one prefix sum over scan elements (hits and misses before each).
+  // Each LRU position moves to its new place, and the first entry of each
+  // missing key gives the key its miss number. A thread takes consecutive
+  // elements (one at K = 2048, H = 4096 with 1024 threads), so one team
+  // prefix sum orders them all.
+  KOKKOS_INLINE_FUNCTION void order_slots(const member_type& team, const hisparse::ResolveScratch& s,
+                                          const std::int16_t* lru, std::int32_t hits, std::int32_t misses) const {
+    const std::int32_t position_groups = slot_groups(), entry_group_count = entry_groups();
+    const std::int32_t n = position_groups > entry_group_count ? position_groups : entry_group_count;
+    const std::int32_t per_thread = hisparse::groups(n, threads(team));
+    const std::int32_t begin = team.team_rank() * per_thread;
+    const std::int32_t end = begin + per_thread < n ? begin + per_thread : n;
+    // The elements are read again after the prefix sum (the lru from L1,
+    // the rest from scratch) rather than kept in registers across it: that
+    // keeps the kernel within 64 registers.
+    std::uint32_t count = 0;
+    for (std::int32_t i = begin; i < end; ++i) count += load_order_group(s, lru, i, false).count;
+    std::uint32_t total = 0;
+    std::uint32_t before = device::team_exclusive_sum(team, s.totals + hisparse::team_total_words / 2, count, total);
     for (std::int32_t i = begin; i < end; ++i) {
-      const std::uint32_t classes = s.classes()[i];
+      const OrderGroup o = load_order_group(s, lru, i, true);
+      place_order_group(s, o, i, before, hits, misses);
+      before += o.count;
+    }
+  }
+
+  // Pass 5.
+  KOKKOS_INLINE_FUNCTION void write_results(const member_type& team, const hisparse::ResolveScratch& s,
+                                            std::int64_t row, std::int64_t hot_table_row, std::int32_t* slot_rows,
+                                            std::int16_t* lru, std::int32_t hits, std::int32_t misses) const {
+    const std::int32_t H = hot_slots(), K = top_k();
+    const std::int32_t G = entry_groups();
+    const std::int32_t untouched = H - hits - misses;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, G), [&](const std::int32_t i) {
       // Scratch loads of the whole group first, then the global stores.
-      std::int32_t h[E], slot[E], miss[E], x[E];
-      std::uint32_t g[E];
+      std::int32_t g[E], slot[E], m[E], x[E];
+      std::uint32_t w[E];
       for (int u = 0; u < E; ++u) {
-        const std::int32_t j = i * E + u;
-        const std::uint16_t p = j < K ? s.position()[j] : hisparse::no_position;
-        const std::uint32_t c = (classes >> (2 * u)) & 3u;
-        h[u] = p;
-        g[u] = 0;
+        const std::int32_t j = i + u * G;
+        g[u] = j < K ? s.host_rows[j] : hisparse::done;
+        w[u] = s.words[j < K ? s.position[j] : 0];
+      }
+      for (int u = 0; u < E; ++u) {
+        const std::int32_t j = i + u * G;
+        m[u] = -1;  // miss number when entry j loads its key
         slot[u] = -1;
-        miss[u] = -1;  // miss number when entry j loads its key
-        if (p == hisparse::no_position || c == hisparse::duplicate_miss) continue;
-        if (c == hisparse::first_miss) {
-          miss[u] = m++;
-          const std::int32_t at = untouched + miss[u];
-          slot[u] = s.lru()[at < 0 ? 0 : at];  // at < 0 only if slot_rows held a row twice
+        if (g[u] < 0) continue;
+        if (w[u] & hisparse::miss_flag) {
+          const std::int32_t at = untouched + static_cast<std::int32_t>(w[u] >> 16);
+          slot[u] = s.lru[at < 0 ? 0 : at];  // at < 0 only if slot_rows held a row twice
+          if ((w[u] & hisparse::entry_bits) == static_cast<std::uint32_t>(j)) m[u] = static_cast<std::int32_t>(w[u] >> 16);
         } else {
-          slot[u] = static_cast<std::int32_t>(s.words()[p] >> 16) - 1;
+          slot[u] = static_cast<std::int32_t>(w[u] >> 16) - 1;
         }
-        g[u] = s.keys()[p];
       }
-      for (int u = 0; u < E; ++u) x[u] = slot[u] >= 0 ? hot_row(s, hot_table_row, slot[u]) : -1;
+      for (int u = 0; u < E; ++u) x[u] = g[u] < 0 ? -1 : hot_row(s, hot_table_row, slot[u]);
       for (int u = 0; u < E; ++u) {
-        const std::int32_t j = i * E + u;
-        if (slot[u] < 0) continue;
+        const std::int32_t j = i + u * G;
+        if (g[u] < 0) continue;
         store(row, j, x[u]);
-        if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = miss[u] >= 0 ? 1 : 0;
-        if (miss[u] >= 0) {
-          s.words()[h[u]] = (static_cast<std::uint32_t>(miss[u]) << 16) | hisparse::miss_flag | static_cast<std::uint32_t>(j);
-          slot_rows[slot[u]] = static_cast<std::int32_t>(g[u]);
-          a.swap_host_rows[row * a.out_stride + miss[u]] = static_cast<std::int32_t>(g[u]);
-          a.swap_device_rows[row * a.out_stride + miss[u]] = x[u];
+        if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = m[u] >= 0 ? 1 : 0;
+        if (m[u] >= 0) {
+          slot_rows[slot[u]] = g[u];
+          a.swap_host_rows[row * a.out_stride + m[u]] = g[u];
+          a.swap_device_rows[row * a.out_stride + m[u]] = x[u];
         }
       }
-    }
-  }
-
-  // Pass 4, after its barrier: the duplicates of missing keys, from the miss
-  // number their key's first entry published.
-  KOKKOS_INLINE_FUNCTION void write_duplicates(const hisparse::ResolveScratch& s, std::int64_t row,
-                                               std::int64_t hot_table_row, std::int32_t begin, std::int32_t end,
-                                               std::int32_t untouched) const {
-    const std::int32_t K = top_k();
-    for (std::int32_t i = begin; i < end; ++i) {
-      const std::uint32_t classes = s.classes()[i];
-      for (int u = 0; u < E; ++u) {
-        const std::int32_t j = i * E + u;
-        if (j >= K || ((classes >> (2 * u)) & 3u) != hisparse::duplicate_miss) continue;
-        const std::int32_t at = untouched + static_cast<std::int32_t>(s.words()[s.position()[j]] >> 16);
-        store(row, j, hot_row(s, hot_table_row, s.lru()[at < 0 ? 0 : at]));
-        if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 0;
-      }
-    }
-  }
-
-  // The new LRU order, four positions a thread at a time: the scratch loads
-  // first (the compiler cannot tell the two apart), then the stores.
-  KOKKOS_INLINE_FUNCTION void store_lru(const member_type& team, const hisparse::ResolveScratch& s,
-                                        std::int16_t* lru) const {
-    const std::int32_t H = hot_slots();
+    });
+    // The new LRU order, four positions a thread at a time: the scratch loads
+    // first (the compiler cannot tell the two apart), then the stores.
     constexpr int lru_per_round = 4;
     for (std::int32_t p0 = team.team_rank(); p0 < H; p0 += lru_per_round * threads(team)) {
       std::int16_t order[lru_per_round];
       for (int u = 0; u < lru_per_round; ++u) {
         const std::int32_t p = p0 + u * threads(team);
-        order[u] = s.lru()[p < H ? p : 0];
+        order[u] = s.lru[p < H ? p : 0];
       }
       for (int u = 0; u < lru_per_round; ++u) {
         const std::int32_t p = p0 + u * threads(team);
         if (p < H) lru[p] = order[u];
       }
     }
+    Kokkos::single(Kokkos::PerTeam(team), [&]() {
+      a.swap_counts[row] = misses;
+      if (a.hit_miss_counters != nullptr) {
+        // std::uint64_t: Kokkos 4.6 adds it with one red.add on CUDA, but
+        // unsigned long long with a compare-and-swap loop, which rows that
+        // finish together retry.
+        Kokkos::atomic_add(&a.hit_miss_counters[0], static_cast<std::uint64_t>(hits));
+        Kokkos::atomic_add(&a.hit_miss_counters[1], static_cast<std::uint64_t>(misses));
+      }
+    });
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
@@ -662,60 +691,34 @@ struct HiSparseResolve {
     // tables: every output -1, counts 0, and it returns before its state.
     const bool padding = state < 0 || state >= a.num_state_rows;
     const std::size_t bytes = hisparse::ResolveScratch::bytes(top_k(), hot_slots(), cached_blocks);
-    char* base = static_cast<char*>(team.team_scratch(Level).get_shmem_aligned(bytes, 16));
-    const hisparse::ResolveScratch s{base, top_k(), hot_slots(), cached_blocks};
+    void* base = team.team_scratch(Level).get_shmem_aligned(bytes, 16);
+    const hisparse::ResolveScratch s = hisparse::ResolveScratch::carve(base, top_k(), hot_slots(), cached_blocks);
     const std::int64_t hot_table_row = a.hot_table_by_state && !padding ? state : row;
-    std::uint32_t* const totals[2] = {s.totals(), s.totals() + hisparse::team_total_words / 2};
+    std::uint32_t* const totals[2] = {s.totals, s.totals + hisparse::team_total_words / 2};
+    std::uint32_t counts = 0;
     // State row 0 stands in for a padding row's (never read; not prefetched).
     const std::int64_t state_row = padding ? 0 : state;
     std::int32_t* slot_rows = a.slot_rows + state_row * a.slot_rows_stride;
     std::int16_t* lru = a.lru + state_row * a.lru_stride;
-
-    std::uint32_t mapped = 0;
     device::team_exclusive_sum(team, totals[0],
-                               map_entries(team, s, row, padding ? -1 : request, hot_table_row,
-                                           padding ? 0 : cached_blocks, slot_rows, lru, !padding),
-                               mapped);
-    if (a.valid_counts != nullptr && team.team_rank() == 0) a.valid_counts[row] = static_cast<std::int32_t>(mapped & 0xFFFFu);
-    const std::int32_t distinct = static_cast<std::int32_t>(mapped >> 16);
-    if (distinct == 0) {
+                map_entries(team, s, row, padding ? -1 : request, hot_table_row, padding ? 0 : cached_blocks,
+                            slot_rows, lru, !padding),
+                counts);
+    if (a.valid_counts != nullptr && team.team_rank() == 0) a.valid_counts[row] = static_cast<std::int32_t>(counts & 0xFFFFu);
+    if ((counts >> 16) == 0) {
       // Nothing can consult the hot slots (or a padding row): leave the LRU as it is.
       if (team.team_rank() == 0) a.swap_counts[row] = 0;
       return;
     }
-
-    std::int32_t begin = 0, end = 0;
-    thread_groups(team, slot_groups(), begin, end);
+    std::uint32_t distinct = 0;
+    device::team_exclusive_sum(team, totals[1], build_set(team, s), distinct);
     std::uint32_t found = 0;
-    const std::uint32_t hits_before =
-        device::team_exclusive_sum(team, totals[1], classify_slots(s, slot_rows, lru, begin, end), found);
+    device::team_exclusive_sum(team, totals[0], classify_slots(team, s, slot_rows, lru), found);
     const std::int32_t hits = static_cast<std::int32_t>(found & 0xFFFFu);
-    const std::int32_t misses = distinct - static_cast<std::int32_t>(found >> 16);
-    const std::int32_t untouched = hot_slots() - hits - misses;
-    Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      a.swap_counts[row] = misses;
-      if (a.hit_miss_counters != nullptr) {
-        // std::uint64_t: Kokkos 4.6 adds it with one red.add on CUDA, but
-        // unsigned long long with a compare-and-swap loop, which rows that
-        // finish together retry.
-        Kokkos::atomic_add(&a.hit_miss_counters[0], static_cast<std::uint64_t>(hits));
-        Kokkos::atomic_add(&a.hit_miss_counters[1], static_cast<std::uint64_t>(misses));
-      }
-    });
-    order_slots(s, lru, begin, end, static_cast<std::int32_t>(hits_before & 0xFFFFu), hits, misses);
-
-    thread_groups(team, entry_groups(), begin, end);
-    std::uint32_t classified = 0;
-    const std::uint32_t misses_before =
-        device::team_exclusive_sum(team, totals[0], classify_entries(s, begin, end), classified);
-    write_results(s, row, hot_table_row, slot_rows, begin, end, static_cast<std::int32_t>(misses_before & 0xFFFFu),
-                  untouched);
-    store_lru(team, s, lru);
-    if ((classified >> 16) != 0) {  // duplicates of missing keys
-      team.team_barrier();
-      thread_groups(team, entry_groups(), begin, end);
-      write_duplicates(s, row, hot_table_row, begin, end, untouched);
-    }
+    const std::int32_t misses = static_cast<std::int32_t>(distinct) - static_cast<std::int32_t>(found >> 16);
+    order_slots(team, s, lru, hits, misses);  // its prefix sum uses totals[1]
+    team.team_barrier();
+    write_results(team, s, row, hot_table_row, slot_rows, lru, hits, misses);
   }
 };
 
@@ -726,11 +729,12 @@ inline std::size_t resolve_hisparse_scratch_bytes(std::int32_t top_k, std::int32
   return hisparse::ResolveScratch::bytes(top_k, hot_slots, cached) + 16;
 }
 
-// A team of `Threads` resolves each row with level `Level` scratch.
-template <class Space, int Level, int Threads, class Shape>
+// A team of hisparse::team_threads resolves each row with level `Level`
+// scratch, compiled for `Shape`.
+template <class Space, int Level, class Shape>
 void launch_resolve(const Space& space, const HiSparseResolveArgs& a, std::int32_t cached, std::size_t bytes) {
-  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<Threads, 1>>;
-  policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(Threads));
+  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<hisparse::team_threads, 1>>;
+  policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(hisparse::team_threads));
   policy.set_scratch_size(Level, Kokkos::PerTeam(bytes));
   const auto source = BlockSplit<Shape::split>::of(a.source_block_size);
   const auto resident = BlockSplit<Shape::split>::of(a.resident_block_size);
@@ -745,20 +749,18 @@ void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
   const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(a.hot_slots, a.hot_block_size);
   const std::size_t bytes = resolve_hisparse_scratch_bytes(a.top_k, a.hot_slots, a.hot_block_size);
   // Production rows (K = 2048, H = 4096: 39,440 bytes) fit level-0 (shared
-  // memory) scratch; larger shapes take level-1 (global) scratch, whose
-  // 64-bit addresses do not fit the 64 registers of a 1024-thread team's
-  // thread: those rows take teams of 512.
-  constexpr int threads = hisparse::team_threads;
+  // memory) scratch, and run the production shape when their block sizes
+  // are powers of two; larger shapes take level-1 (global) scratch.
   const auto power_of_two = [](std::int32_t n) { return exact_log2(n) >= 0; };
   const bool resident_splits = a.resident_block_table == nullptr || power_of_two(a.resident_block_size);
   if (bytes > static_cast<std::size_t>(Kokkos::TeamPolicy<Space>::scratch_size_max(0))) {
-    launch_resolve<Space, 1, threads / 2, AnyShape>(space, a, cached, bytes);
+    launch_resolve<Space, 1, AnyShape>(space, a, cached, bytes);
   } else if (a.top_k == ProductionShape::top_k && a.hot_slots == ProductionShape::hot_slots &&
-             row_team_size<Space>(threads) == ProductionShape::threads && power_of_two(a.source_block_size) &&
-             power_of_two(a.hot_block_size) && resident_splits) {
-    launch_resolve<Space, 0, threads, ProductionShape>(space, a, cached, bytes);
+             row_team_size<Space>(hisparse::team_threads) == ProductionShape::threads &&
+             power_of_two(a.source_block_size) && power_of_two(a.hot_block_size) && resident_splits) {
+    launch_resolve<Space, 0, ProductionShape>(space, a, cached, bytes);
   } else {
-    launch_resolve<Space, 0, threads, AnyShape>(space, a, cached, bytes);
+    launch_resolve<Space, 0, AnyShape>(space, a, cached, bytes);
   }
 }
 
