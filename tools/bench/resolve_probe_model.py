@@ -18,67 +18,98 @@ finalizer, "lo" the multiplier modulo P. Sequential inserts stand in for the
 kernel's concurrent ones. docs/PERFORMANCE.md (session 19) records what it said.
 """
 import random
-rng=random.Random(1)
-def mean(a): return sum(a)/len(a)
-K=2048; H=4096; blk=64; fixed=1024; rot=K-fixed; sets=8
-def hash_hi(g,nb): return ((g*2654435761)&0xFFFFFFFF)*nb>>32
-def hash_lo(g,nb): return ((g*2654435761)&0xFFFFFFFF)%nb
+
+K, H = 2048, 4096      # top-k entries and hot slots of a row
+BLOCK = 64             # rows a source block
+FIXED = 1024           # positions selected every step (50% hits)
+ROTATING = K - FIXED   # positions that change with the rotation set
+SETS = 8               # rotation sets
+WARP = 32
+THREADS = K // 2       # a 1024-thread team: 2 entries and 4 slots a thread
+
+rng = random.Random(1)
+
+
+def mean(values):
+    return sum(values) / len(values)
+
+
 def mix(x):
-    x=x&0xFFFFFFFF; x^=x>>16; x=(x*0x7feb352d)&0xFFFFFFFF; x^=x>>15; x=(x*0x846ca68b)&0xFFFFFFFF; x^=x>>16; return x
-def hash_mix(g,nb): return mix(g)*nb>>32
-def run(P, bucket, hf, trials=20):
-    res=[]
-    for t in range(trials):
-        ctx_blocks=(fixed+sets*rot+blk-1)//blk
-        table=rng.sample(range(ctx_blocks*128), ctx_blocks)  # pool larger (rows*blocks)
-        def g(tok): return int(table[tok//blk])*blk+tok%blk
-        s=rng.randrange(1,sets)
-        toks=list(range(fixed))+list(range(fixed+s*rot, fixed+(s+1)*rot))
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    x ^= x >> 16
+    return x
+
+
+HASHES = {
+    "hi": lambda g, buckets: ((g * 2654435761) & 0xFFFFFFFF) * buckets >> 32,
+    "lo": lambda g, buckets: ((g * 2654435761) & 0xFFFFFFFF) % buckets,
+    "mix": lambda g, buckets: mix(g) * buckets >> 32,
+}
+
+
+def probe(positions, bucket, first_bucket, key, insert):
+    """Buckets visited until `key` is found or an empty position ends the
+    probe (taken by `key` when inserting)."""
+    buckets = len(positions) // bucket
+    b, visited = first_bucket, 1
+    while True:
+        for i in range(b * bucket, (b + 1) * bucket):
+            if positions[i] is None:
+                if insert:
+                    positions[i] = key
+                return visited
+            if positions[i] == key:
+                return visited
+        b = (b + 1) % buckets
+        visited += 1
+
+
+def warp_rounds(per_thread):
+    """Mean over warps of the warp's rounds: its slowest thread's."""
+    return mean([max(per_thread[w:w + WARP]) for w in range(0, len(per_thread), WARP)])
+
+
+def run(size, bucket, hash_name, trials):
+    hash_bucket = HASHES[hash_name]
+    results = []
+    for _ in range(trials):
+        context_blocks = (FIXED + SETS * ROTATING + BLOCK - 1) // BLOCK
+        table = rng.sample(range(context_blocks * 128), context_blocks)  # the pool holds other requests' blocks too
+
+        def host_row(tok):
+            return table[tok // BLOCK] * BLOCK + tok % BLOCK
+
+        current = rng.randrange(1, SETS)
+        toks = list(range(FIXED)) + list(range(FIXED + current * ROTATING, FIXED + (current + 1) * ROTATING))
         rng.shuffle(toks)
-        keys=[g(x) for x in toks]
-        nb=P//bucket
-        occ=[None]*P
-        probes=[]
-        for k in keys:
-            b=hash_fn(hf,k,nb); n=1
-            while True:
-                base=b*bucket; done=False
-                for i in range(bucket):
-                    if occ[base+i] is None: occ[base+i]=k; done=True; break
-                    if occ[base+i]==k: done=True; break
-                if done: break
-                b=(b+1)%nb; n+=1
-            probes.append(n)
-        th=[max(probes[i],probes[i+1024]) for i in range(1024)]
-        ins=mean([max(th[w*32:(w+1)*32]) for w in range(32)])
-        # lookups: state = fixed keys + 3072 keys of previous sets (other blocks)
-        prev=[]
-        for s2 in range(sets):
-            if s2==s: continue
-            prev+= [g(x) for x in range(fixed+s2*rot, fixed+(s2+1)*rot)]
-        prev=prev[:H-fixed]
-        state=[g(x) for x in range(fixed)]+prev
+        positions = [None] * size
+        buckets = size // bucket
+        inserts = [probe(positions, bucket, hash_bucket(g, buckets), g, True) for g in map(host_row, toks)]
+        # Thread t inserts entries t and t + THREADS.
+        insert_rounds = warp_rounds([max(inserts[t], inserts[t + THREADS]) for t in range(THREADS)])
+        # The steady state's slots: the fixed keys and keys of earlier rotation sets.
+        earlier = []
+        for s in range(SETS):
+            if s != current:
+                earlier += [host_row(x) for x in range(FIXED + s * ROTATING, FIXED + (s + 1) * ROTATING)]
+        state = [host_row(x) for x in range(FIXED)] + earlier[:H - FIXED]
         rng.shuffle(state)
-        lp=[]
-        kset=set(keys)
-        for k in state:
-            b=hash_fn(hf,k,nb); n=1
-            while True:
-                base=b*bucket; done=False
-                for i in range(bucket):
-                    if occ[base+i] is None or occ[base+i]==k: done=True; break
-                if done: break
-                b=(b+1)%nb; n+=1
-            lp.append(n)
-        th=[max(lp[4*t],lp[4*t+1])+max(lp[4*t+2],lp[4*t+3]) for t in range(1024)]
-        look=mean([max(th[w*32:(w+1)*32]) for w in range(32)])
-        res.append((mean(probes), ins, mean(lp), look))
-    r=[mean([x[i] for x in res]) for i in range(4)]
-    print(f"P={P} bucket={bucket} {hf:4s}: insert mean {r[0]:.2f} warp-rounds {r[1]:.2f} | lookup mean {r[2]:.2f} warp-rounds(2 halves) {r[3]:.2f}")
-def hash_fn(hf,k,nb):
-    return {'hi':hash_hi,'lo':hash_lo,'mix':hash_mix}[hf](k,nb)
-for P in (3072,4096):
-  for bucket in (4,8):
-    for hf in ('hi','mix'):
-      run(P,bucket,hf,5)
-run(4096,4,'lo',5)
+        lookups = [probe(positions, bucket, hash_bucket(g, buckets), g, False) for g in state]
+        # Thread t looks up slots 4t .. 4t + 3 in two halves of 2.
+        lookup_rounds = warp_rounds([max(lookups[4 * t], lookups[4 * t + 1]) + max(lookups[4 * t + 2], lookups[4 * t + 3])
+                                     for t in range(THREADS)])
+        results.append((mean(inserts), insert_rounds, mean(lookups), lookup_rounds))
+    r = [mean([x[i] for x in results]) for i in range(4)]
+    print(f"P={size} bucket={bucket} {hash_name:4s}: insert mean {r[0]:.2f} warp-rounds {r[1]:.2f} | "
+          f"lookup mean {r[2]:.2f} warp-rounds(2 halves) {r[3]:.2f}")
+
+
+for size in (3072, 4096):
+    for bucket in (4, 8):
+        for hash_name in ("hi", "mix"):
+            run(size, bucket, hash_name, 5)
+run(4096, 4, "lo", 5)
