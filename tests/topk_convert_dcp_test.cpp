@@ -262,6 +262,45 @@ TEST_P(TopkConvertDcpTest, TheRanksOfASplitTogetherReconstructTheWholeConversion
   }
 }
 
+// A split whose cycle (size x interleave) is 2^31 or more: every position is
+// in the first cycle, so rank r owns [r x interleave, (r + 1) x interleave)
+// at local positions from 0, and a rank that starts past 2^31 - 1 owns
+// nothing; against the model, on shapes of each kernel path.
+TEST_P(TopkConvertDcpTest, ASplitWiderThanEveryPositionOwnsOneRunARank) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(46);
+  const std::int32_t huge = std::int32_t{1} << 26;  // x interleave 64: a cycle of 2^32
+  for (const DcpShape& s : {DcpShape{1, 2048, 2, 4, 64}, DcpShape{600, 2048, 2, 4, 64}, DcpShape{7, 100, 2, 4, 64}}) {
+    for (const std::int32_t rank : {0, 1, 5, huge / 2 - 1, huge / 2, huge - 1}) {
+      const DcpConfig d{huge, rank, 64, true};
+      SCOPED_TRACE(describe(s, d));
+      reference::TopkInputs in;
+      in.num_tokens = s.T;
+      in.num_topk = s.K;
+      in.blocks_per_request = s.B;
+      in.block_size = s.block_size;
+      in.block_stride_rows = s.block_size;
+      in.set_dcp(d);
+      for (std::int64_t t = 0; t < s.T; ++t) in.req_id.push_back(static_cast<std::int32_t>(rng() % s.R));
+      for (std::int64_t i = 0; i < s.R * s.B; ++i) in.block_table.push_back(static_cast<std::int32_t>(rng() % 5000));
+      // Positions of ranks 0 to 7, and near the top of the range (the
+      // last ranks' runs), and negatives.
+      const std::int64_t top = std::numeric_limits<std::int32_t>::max();
+      for (std::int64_t i = 0; i < s.T * s.K; ++i) {
+        const std::uint64_t k = rng() % 10;
+        in.logical.push_back(static_cast<std::int32_t>(k < 6 ? static_cast<std::int64_t>(rng() % 512)
+                                                       : k < 8 ? top - static_cast<std::int64_t>(rng() % 200)
+                                                       : k < 9 ? -1
+                                                               : -static_cast<std::int64_t>(rng() % 100) - 2));
+      }
+      const auto want = reference::convert_topk_dcp(in);
+      const Result got = convert(in, s.R, d);
+      EXPECT_EQ(got.physical, want.physical);
+      EXPECT_EQ(got.counts, want.valid_counts);
+    }
+  }
+}
+
 // Rows this rank owns nothing of, rows past its table and a row of -1: all
 // -1 and count 0, compacted or not; a rank's owned tokens past its table
 // are -1 too.

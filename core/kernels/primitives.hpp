@@ -339,8 +339,8 @@ KOKKOS_INLINE_FUNCTION void team_round_offsets(const Member& team, std::int32_t 
   } else {
     // In a group, each bit of a count is a ballot: the lanes below hold
     // popc(ballot & below) of each. The groups' sums of each unit go through
-    // scratch, one barrier, and every thread adds up those ahead of its own
-    // (N x groups reads, no second pass).
+    // scratch, one barrier, and then lane g of every group reads group g's
+    // sum: two group sums give the unit's total and the groups ahead.
     const std::int32_t lane = rank & 31, group = rank >> 5, groups = threads >> 5;
     const LaneMask below = lanes_below(lane);
     std::int32_t in_group[N];
@@ -357,12 +357,9 @@ KOKKOS_INLINE_FUNCTION void team_round_offsets(const Member& team, std::int32_t 
     team.team_barrier();
     total = 0;
     for (int u = 0; u < N; ++u) {
-      std::int32_t unit_total = 0, earlier_groups = 0;
-      for (std::int32_t g = 0; g < groups; ++g) {
-        const std::int32_t sum = partial[u * 32 + g];
-        unit_total += sum;
-        earlier_groups += g < group ? sum : 0;
-      }
+      const std::int32_t sum = lane < groups ? partial[u * 32 + lane] : 0;
+      const std::int32_t unit_total = group_sum(sum);
+      const std::int32_t earlier_groups = group_sum(lane < group ? sum : 0);
       before[u] = total + earlier_groups + in_group[u];
       total += unit_total;
     }

@@ -122,7 +122,7 @@ struct BlockSplit : SplitFields<By> {
 using BlockShift = BlockSplit<SplitBy::shift>;
 using BlockDivide = BlockSplit<SplitBy::divide>;
 
-// Division of n in [0, 2^31) by a fixed d in [1, 2^31) as a multiply and
+// Division of n in [0, 2^31) by a fixed d in [1, 2^31] as a multiply and
 // a shift (Granlund and Montgomery, "Division by invariant integers using
 // multiplication", 1994, theorem 4.2): with l = ceil(log2 d) and
 // m = ceil(2^(31 + l) / d), which fits in 32 bits, n / d = (n * m) >> (31 + l)
@@ -130,7 +130,7 @@ using BlockDivide = BlockSplit<SplitBy::divide>;
 struct FastDivide {
   std::uint32_t m = 1;
   std::uint32_t s = 0;
-  static FastDivide of(std::int32_t d) {
+  static FastDivide of(std::int64_t d) {
     std::uint32_t l = 0;
     while ((std::uint64_t{1} << l) < static_cast<std::uint64_t>(d)) ++l;
     if ((std::int64_t{1} << l) == d) return FastDivide{1, l};

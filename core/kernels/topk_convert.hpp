@@ -28,7 +28,8 @@
 // compile time (Dcp): positions become the rank's local positions (-1 for
 // other ranks') before the table lookup, and with compaction a team
 // exclusive scan per unit of a round places each thread's valid outputs in
-// input order; the row's tail is then filled with -1.
+// input order, and the rest of the row is -1 (set after the last round, or,
+// in rows of few tokens, before each round's scan).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -131,12 +132,48 @@ KOKKOS_INLINE_FUNCTION std::int32_t start_of(const Map& m, std::int32_t p) {
     return m.start(p);
   }
 }
+// A unit's table entries (start_unit) and its rows from them (finish_unit,
+// which returns the unit's valid entries), apart so that a thread can issue
+// the loads of all its units before it uses any.
+template <bool Predicated, class Map>
+KOKKOS_INLINE_FUNCTION std::int32_t start_unit(const Map& m, std::int32_t v) {
+  return start_of<Predicated>(m, v);
+}
+template <bool Predicated, class Map>
+KOKKOS_INLINE_FUNCTION Int4 start_unit(const Map& m, const Int4& v) {
+  return Int4{start_of<Predicated>(m, v.x), start_of<Predicated>(m, v.y), start_of<Predicated>(m, v.z),
+              start_of<Predicated>(m, v.w)};
+}
+template <class Map>
+KOKKOS_INLINE_FUNCTION std::int32_t finish_unit(const Map& m, std::int32_t& v, std::int32_t s) {
+  v = m.finish(v, s);
+  return v != -1;
+}
+template <class Map>
+KOKKOS_INLINE_FUNCTION std::int32_t finish_unit(const Map& m, Int4& v, const Int4& s) {
+  v = Int4{m.finish(v.x, s.x), m.finish(v.y, s.y), m.finish(v.z, s.z), m.finish(v.w, s.w)};
+  return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
+}
 template <bool Predicated = false, class Map>
 KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, Int4& v) {
-  const std::int32_t s0 = start_of<Predicated>(m, v.x), s1 = start_of<Predicated>(m, v.y),
-                     s2 = start_of<Predicated>(m, v.z), s3 = start_of<Predicated>(m, v.w);
-  v = Int4{m.finish(v.x, s0), m.finish(v.y, s1), m.finish(v.z, s2), m.finish(v.w, s3)};
-  return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
+  return finish_unit(m, v, start_unit<Predicated>(m, v));
+}
+
+// A compacted round's units (Dcp::compact): localized, then every unit's
+// table loads issued (predicated: a position outside the table, which is
+// every other rank's, loads nothing), then the rows; count[u] is unit u's
+// valid entries. `present` bounds the units of a partial round.
+template <int N, class Unit, class Map, class Dcp, class Present>
+KOKKOS_INLINE_FUNCTION void map_compact_units(const Map& m, const Dcp& dcp, Unit (&v)[N], std::int32_t (&count)[N],
+                                              Present&& present) {
+  Unit start[N] = {};
+  for (int u = 0; u < N; ++u) {
+    if (present(u)) dcp.localize(v[u]);
+  }
+  for (int u = 0; u < N; ++u) {
+    if (present(u)) start[u] = start_unit<true>(m, v[u]);
+  }
+  for (int u = 0; u < N; ++u) count[u] = present(u) ? finish_unit(m, v[u], start[u]) : 0;
 }
 
 // The DCP policy of a launch. NoDcp: the plain conversion. Dcp<Compact>:
@@ -154,23 +191,30 @@ template <bool Compact>
 struct Dcp {
   static constexpr bool filter = true;
   static constexpr bool compact = Compact;
-  std::int32_t size;
-  std::int32_t rank;
-  std::int32_t interleave;
-  FastDivide by_interleave;  // of `interleave`
-  FastDivide by_size;        // of `size`
+  // One division a position: with W = size * interleave, p = cycle * W + r
+  // (r < W), and p is owned when r - rank * interleave is in [0,
+  // interleave), its local position cycle * interleave + that.
+  FastDivide by_width;  // of width
+  std::uint32_t width;  // W, or 2^31 when larger (every position is then in cycle 0)
+  std::uint32_t first;  // rank * interleave, the rank's first r
+  std::uint32_t span;   // interleave, or 0 when first is past every position
+  std::uint32_t interleave;
   static Dcp of(std::int32_t size, std::int32_t rank, std::int32_t interleave) {
-    return Dcp{size, rank, interleave, FastDivide::of(interleave), FastDivide::of(size)};
+    constexpr std::int64_t positions = std::int64_t{1} << 31;
+    const std::int64_t w = std::int64_t{size} * interleave, f = std::int64_t{rank} * interleave;
+    const std::int64_t width = w < positions ? w : positions;
+    return Dcp{FastDivide::of(width), static_cast<std::uint32_t>(width),
+               static_cast<std::uint32_t>(f < positions ? f : 0), f < positions ? static_cast<std::uint32_t>(interleave) : 0u,
+               static_cast<std::uint32_t>(interleave)};
   }
-  // A negative p wraps to a huge unsigned value whose quotients are
-  // meaningless but defined; p >= 0 masks them.
+  // A negative p wraps to a huge unsigned value whose quotient is
+  // meaningless but defined; p >= 0 masks it.
   KOKKOS_INLINE_FUNCTION std::int32_t local(std::int32_t p) const {
     const auto u = static_cast<std::uint32_t>(p);
-    const std::uint32_t group = by_interleave.div(u);
-    const std::uint32_t cycle = by_size.div(group);
-    const bool owned = p >= 0 && group - cycle * static_cast<std::uint32_t>(size) == static_cast<std::uint32_t>(rank);
-    const std::uint32_t local = cycle * static_cast<std::uint32_t>(interleave) + (u - group * static_cast<std::uint32_t>(interleave));
-    return owned ? static_cast<std::int32_t>(local) : -1;
+    const std::uint32_t c = by_width.div(u);
+    const std::uint32_t t = u - c * width - first;
+    const bool owned = p >= 0 && t < span;
+    return owned ? static_cast<std::int32_t>(c * interleave + t) : -1;
   }
   KOKKOS_INLINE_FUNCTION void localize(std::int32_t& v) const { v = local(v); }
   KOKKOS_INLINE_FUNCTION void localize(Int4& v) const { v = Int4{local(v.x), local(v.y), local(v.z), local(v.w)}; }
@@ -265,15 +309,9 @@ struct Convert {
         if (q + u < units) v[u] = in[q + u];
       }
       std::int32_t count[UnitsInFlight];
+      map_compact_units(m, dcp, v, count, [&](int u) { return q + u < units; });
       std::int32_t mine[1] = {0}, before[1];
-      for (int u = 0; u < UnitsInFlight; ++u) {
-        count[u] = 0;
-        if (q + u < units) {
-          dcp.localize(v[u]);
-          count[u] = map_unit(m, v[u]);
-        }
-        mine[0] += count[u];
-      }
+      for (int u = 0; u < UnitsInFlight; ++u) mine[0] += count[u];
       std::int32_t total = 0;
       device::team_round_offsets<1, unit_entries * UnitsInFlight>(team, threads, mine, before, total, scratch, parity);
       std::int32_t at = base + before[0];
@@ -352,6 +390,10 @@ struct RoundParams {
   std::int32_t* physical;
   std::uint32_t physical_stride;
   std::int32_t* valid_counts;  // or nullptr
+  // Compacted rows (Dcp::compact): set every unit to -1 before the round's
+  // offsets are known, and the valid entries over them (rows of few tokens,
+  // where the extra stores cost less than waiting for the count).
+  bool minus_one_first;
 };
 
 // The team sum's or scan's partials of a team of Threads: none for a team of
@@ -386,8 +428,10 @@ struct ConvertRounds {
 
   // A unit's four table loads are predicated (map_unit<true>): the compiler
   // keeps fewer addresses live than with Convert's branch-free loads of
-  // entry 0. Convert keeps the branch-free loads, with which it measured
-  // better (H200, docs/PERFORMANCE.md).
+  // entry 0. Convert keeps the branch-free loads for rows it does not
+  // compact, with which it measured better (H200, docs/PERFORMANCE.md);
+  // compacted rows take predicated loads in both kernels
+  // (map_compact_units), which skip other ranks' positions.
   KOKKOS_INLINE_FUNCTION std::int32_t convert_round(const TableMap<Split>& m, Int4 (&v)[UnitsInFlight], Int4* out) const {
     std::int32_t valid = 0;
     for (int u = 0; u < UnitsInFlight; ++u) {
@@ -404,10 +448,7 @@ struct ConvertRounds {
                                                     Int4 (&v)[UnitsInFlight], std::int32_t* row, std::int32_t base,
                                                     std::int32_t* scratch, int& parity) const {
     std::int32_t count[UnitsInFlight], before[UnitsInFlight];
-    for (int u = 0; u < UnitsInFlight; ++u) {
-      dcp.localize(v[u]);
-      count[u] = map_unit<true>(m, v[u]);
-    }
+    map_compact_units(m, dcp, v, count, [](int) { return true; });
     std::int32_t total = 0;
     device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
     for (int u = 0; u < UnitsInFlight; ++u) store_valid(row, base + before[u], v[u]);
@@ -416,6 +457,22 @@ struct ConvertRounds {
 
   KOKKOS_INLINE_FUNCTION static void load(const Int4* in, Int4 (&v)[UnitsInFlight]) {
     for (int u = 0; u < UnitsInFlight; ++u) v[u] = in[u * Threads];
+  }
+
+  // A compacted row's tail, in the units thread `rank` loads in round r
+  // (the row's units are the team's, round by round): the entries from
+  // `valid` on become -1, whole units as one 16-byte store, the one unit that
+  // `valid` splits entry by entry. No thread loops over the tail.
+  KOKKOS_INLINE_FUNCTION void fill_own_units(std::int32_t* row, std::int32_t rank, std::int32_t r,
+                                             std::int32_t valid) const {
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      const std::int32_t q = (r * UnitsInFlight + u) * Threads + rank;
+      if (4 * q >= valid) {
+        reinterpret_cast<Int4*>(row)[q] = Int4{-1, -1, -1, -1};
+      } else if (4 * q + 4 > valid) {
+        for (std::int32_t i = valid; i < 4 * q + 4; ++i) row[i] = -1;
+      }
+    }
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
@@ -433,15 +490,23 @@ struct ConvertRounds {
     const TableMap<Split> m{p.block_table + wide_mul(static_cast<std::uint32_t>(req), p.block_table_stride), p.limit,
                             p.split, p.block_stride_rows};
     if constexpr (Dcp::compact) {
+      // With minus_one_first, a thread sets its units of a round to -1 as
+      // soon as it has loaded them, and the round's barrier orders those
+      // stores before the valid entries that land on them: no store waits
+      // for the row's count. Otherwise the tail follows the last round.
       std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
       int parity = 0;
+      if (p.minus_one_first) fill_own_units(row, rank, 0, 0);
       std::int32_t valid = compact_round(team, m, v, row, 0, partial, parity);
       for (std::int32_t r = 1; r < p.rounds; ++r) {
         in += UnitsInFlight * Threads;
         load(in, v);
+        if (p.minus_one_first) fill_own_units(row, rank, r, 0);
         valid += compact_round(team, m, v, row, valid, partial, parity);
       }
-      fill_tail<Int4>(team, row, valid, p.rounds * UnitsInFlight * Threads * 4);
+      if (!p.minus_one_first) {
+        for (std::int32_t r = 0; r < p.rounds; ++r) fill_own_units(row, rank, r, valid);
+      }
       if (rank == 0) p.valid_counts[t] = valid;
       return;
     }
@@ -477,7 +542,8 @@ void launch(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int
 // whole rounds of Threads x UnitsInFlight units (`units` a row) and its
 // strides fit in 32 bits; else launches nothing and returns false.
 template <class Space, int Threads, int UnitsInFlight, class Split, class Dcp>
-bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, std::int64_t units) {
+bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, std::int64_t units,
+                   bool minus_one_first = false) {
   constexpr std::int64_t per_round = std::int64_t{Threads} * UnitsInFlight;
   const auto fits = [](std::int64_t stride) { return stride >= 0 && stride <= std::int64_t{0xFFFFFFFF}; };
   if (p.workspace_request != nullptr || units % per_round != 0 || !fits(p.logical_stride) ||
@@ -495,7 +561,8 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
                              static_cast<std::int32_t>(units / per_round),
                              p.physical,
                              static_cast<std::uint32_t>(p.physical_stride),
-                             p.valid_counts};
+                             p.valid_counts,
+                             minus_one_first};
   static_assert(Threads == 1 || !is_host_space<Space>, "host spaces run teams of one (round_partials)");
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), Threads);
   if (!device::static_team_ints && Threads > 1) {  // round_partials() takes team scratch
@@ -556,7 +623,11 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
     // 512 tokens at 512 threads x 1 unit, and from 2048 to 8191 tokens at
     // 256 x 1. From 512 to 2047 tokens and from 8192 Convert stays (at
     // 128 x 4 the compiler put ConvertRounds' third and fourth index loads
-    // behind its first table loads).
+    // behind its first table loads). Compacted DCP rows from 512 to 2047
+    // tokens take ConvertRounds at 256 x 2, which beat both there; below
+    // 512 tokens they set their units to -1 before the offsets
+    // (RoundParams::minus_one_first), which costs more than it saves from
+    // 512 on.
     auto threads_for = [&](int base, int in_flight) {
       const std::int64_t needed = (units + in_flight - 1) / in_flight;
       return static_cast<int>(needed >= base ? base : (needed + 31) / 32 * 32);
@@ -564,9 +635,12 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
     if (!vector4) {
       launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
     } else if (a.num_tokens < 512) {
-      if (launch_rounds<Space, 512, 1>(space, p, dcp, a.num_tokens, units)) return;
+      if (launch_rounds<Space, 512, 1>(space, p, dcp, a.num_tokens, units, Dcp::compact)) return;
       launch<Space, Int4, 2>(space, p, dcp, a.num_tokens, threads_for(256, 2));
     } else if (a.num_tokens < 8192) {
+      if constexpr (Dcp::compact) {
+        if (a.num_tokens < 2048 && launch_rounds<Space, 256, 2>(space, p, dcp, a.num_tokens, units)) return;
+      }
       if (a.num_tokens >= 2048 && launch_rounds<Space, 256, 1>(space, p, dcp, a.num_tokens, units)) return;
       launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
     } else {

@@ -10,7 +10,7 @@
 # go to the bench (the DCP options, for instance).
 #   bash tools/ci/gpu-profile.sh KOKKOS_PREFIX OUT_DIR KERNEL FILTER [ROWS [BENCH_OPTION...]]
 #   e.g. bash tools/ci/gpu-profile.sh "$KOKKOS" prof HiSparseResolve '^resolve/rows=128$' 128
-#        bash tools/ci/gpu-profile.sh "$KOKKOS" prof-dcp 'ConvertRounds.*Dcp<true>' '^convert-dcp/T=1$' 1 \
+#        bash tools/ci/gpu-profile.sh "$KOKKOS" prof-dcp 'ConvertRounds.*Dcp<' '^convert-dcp/T=1$' 1 \
 #          --dcp-size 8 --dcp-rank 3 --dcp-interleave 1 --compact
 # Environment: DEPS_PREFIX as for gpu-check.sh; PRESET (cuda, or cuda-portable).
 # Used for the profiles recorded in docs/PERFORMANCE.md.
