@@ -148,19 +148,40 @@ struct ResolveScratch {
 
 }  // namespace hisparse
 
+// The row shape a launch is compiled for. AnyShape takes every size from
+// the arguments; ProductionShape makes the production row's sizes
+// (K = 2048, H = 4096, a team of 1024 threads, block sizes that are powers
+// of two) constants, so that the compiler drops the group loops (one group
+// of each kind per thread) and folds the sizes into the index arithmetic.
+struct AnyShape {
+  static constexpr std::int32_t top_k = 0, hot_slots = 0, threads = 0;
+  static constexpr SplitBy split = SplitBy::either;
+};
+struct ProductionShape {
+  static constexpr std::int32_t top_k = 2048, hot_slots = 4096, threads = hisparse::team_threads;
+  static constexpr SplitBy split = SplitBy::shift;
+};
+
 // Level: the team scratch level, a template argument so that the compiler
 // knows level-0 scratch is shared memory and reaches it with shared-memory
 // instructions (32-bit addresses) rather than generic ones.
-template <class Space, int Level>
+template <class Space, int Level, class Shape = AnyShape>
 struct HiSparseResolve {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   static constexpr int E = hisparse::entries_per_group;
   static constexpr int S = hisparse::slots_per_group;
   HiSparseResolveArgs a;
   std::int32_t cached_blocks;  // hot block table entries cached in scratch per row
-  BlockSplit<SplitBy::either> source_split, resident_split, hot_split;  // by a.source_block_size, ...
+  BlockSplit<Shape::split> source_split, resident_split, hot_split;  // by a.source_block_size, ...
 
-  KOKKOS_INLINE_FUNCTION std::int32_t hash_size() const { return hisparse::set_positions(a.top_k); }
+  // The row's sizes and the team's threads: the shape's constants, or the arguments'.
+  KOKKOS_INLINE_FUNCTION std::int32_t top_k() const { return Shape::top_k > 0 ? Shape::top_k : a.top_k; }
+  KOKKOS_INLINE_FUNCTION std::int32_t hot_slots() const { return Shape::hot_slots > 0 ? Shape::hot_slots : a.hot_slots; }
+  KOKKOS_INLINE_FUNCTION static std::int32_t threads(const member_type& team) {
+    return Shape::threads > 0 ? Shape::threads : team.team_size();
+  }
+
+  KOKKOS_INLINE_FUNCTION std::int32_t hash_size() const { return hisparse::set_positions(top_k()); }
   KOKKOS_INLINE_FUNCTION std::int32_t first_position(std::int32_t key) const {
     return hisparse::hash_position(key, hash_size() / hisparse::bucket) * hisparse::bucket;
   }
@@ -187,8 +208,8 @@ struct HiSparseResolve {
       k.key[i] = s.host_rows[k.word[i] == hisparse::empty_word ? 0 : k.word[i] & hisparse::entry_bits];
     }
   }
-  KOKKOS_INLINE_FUNCTION std::int32_t entry_groups() const { return hisparse::groups(a.top_k, E); }
-  KOKKOS_INLINE_FUNCTION std::int32_t slot_groups() const { return hisparse::groups(a.hot_slots, S); }
+  KOKKOS_INLINE_FUNCTION std::int32_t entry_groups() const { return hisparse::groups(top_k(), E); }
+  KOKKOS_INLINE_FUNCTION std::int32_t slot_groups() const { return hisparse::groups(hot_slots(), S); }
 
   // The host row of request-relative position `tok` (SPEC section 5, step 1)
   // in two steps, so that a group issues all its table loads before it uses
@@ -372,10 +393,10 @@ struct HiSparseResolve {
     const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
     const std::int32_t* source_table = source_table_row(request);
     const std::int32_t* resident_table = resident_table_row(request);
-    const std::int32_t K = a.top_k;
+    const std::int32_t K = top_k();
     const std::int32_t G = entry_groups();
     std::uint32_t counts = 0;
-    for (std::int32_t i = team.team_rank(); i < G; i += team.team_size()) {
+    for (std::int32_t i = team.team_rank(); i < G; i += threads(team)) {
       std::int32_t tok[E], g[E], resident[E];
       for (int u = 0; u < E; ++u) {
         const std::int32_t j = i + u * G;
@@ -428,10 +449,10 @@ struct HiSparseResolve {
 
   // Pass 2. Returns how many distinct host rows this thread added to the set.
   KOKKOS_INLINE_FUNCTION std::uint32_t build_set(const member_type& team, const hisparse::ResolveScratch& s) const {
-    const std::int32_t K = a.top_k;
+    const std::int32_t K = top_k();
     const std::int32_t G = entry_groups();
     std::uint32_t distinct = 0;
-    for (std::int32_t i = team.team_rank(); i < G; i += team.team_size()) {
+    for (std::int32_t i = team.team_rank(); i < G; i += threads(team)) {
       std::int32_t j[E], g[E], h[E];
       for (int u = 0; u < E; ++u) {
         j[u] = i + u * G;
@@ -450,9 +471,9 @@ struct HiSparseResolve {
   // (first holder only) in the high.
   KOKKOS_INLINE_FUNCTION std::uint32_t classify_slots(const member_type& team, const hisparse::ResolveScratch& s,
                                                       const std::int32_t* slot_rows, const std::int16_t* lru) const {
-    const std::int32_t H = a.hot_slots;
+    const std::int32_t H = hot_slots();
     std::uint32_t counts = 0;
-    for (std::int32_t i = team.team_rank(); i < slot_groups(); i += team.team_size()) {
+    for (std::int32_t i = team.team_rank(); i < slot_groups(); i += threads(team)) {
       const std::int32_t first = i * S;
       std::int32_t g[S];
       std::int16_t old_order[S];
@@ -506,7 +527,7 @@ struct HiSparseResolve {
   // race (compute-sanitizer's racecheck reported it on the H200).
   KOKKOS_INLINE_FUNCTION OrderGroup load_order_group(const hisparse::ResolveScratch& s, const std::int16_t* lru,
                                                      std::int32_t i, bool placed) const {
-    const std::int32_t H = a.hot_slots, K = a.top_k;
+    const std::int32_t H = hot_slots(), K = top_k();
     OrderGroup o{};
     if (i < slot_groups()) {
       const std::int32_t first = i * S;
@@ -539,7 +560,7 @@ struct HiSparseResolve {
   // `before`: hits before group i in the low half, misses before in the high.
   KOKKOS_INLINE_FUNCTION void place_order_group(const hisparse::ResolveScratch& s, const OrderGroup& o, std::int32_t i,
                                                 std::uint32_t before, std::int32_t hits, std::int32_t misses) const {
-    const std::int32_t H = a.hot_slots;
+    const std::int32_t H = hot_slots();
     const std::int32_t untouched = H - hits - misses;
     if (i < slot_groups()) {
       const std::int32_t first = i * S;
@@ -576,7 +597,7 @@ struct HiSparseResolve {
                                           const std::int16_t* lru, std::int32_t hits, std::int32_t misses) const {
     const std::int32_t position_groups = slot_groups(), entry_group_count = entry_groups();
     const std::int32_t n = position_groups > entry_group_count ? position_groups : entry_group_count;
-    const std::int32_t per_thread = hisparse::groups(n, team.team_size());
+    const std::int32_t per_thread = hisparse::groups(n, threads(team));
     const std::int32_t begin = team.team_rank() * per_thread;
     const std::int32_t end = begin + per_thread < n ? begin + per_thread : n;
     // The elements are read again after the prefix sum (the lru from L1,
@@ -597,7 +618,7 @@ struct HiSparseResolve {
   KOKKOS_INLINE_FUNCTION void write_results(const member_type& team, const hisparse::ResolveScratch& s,
                                             std::int64_t row, std::int64_t hot_table_row, std::int32_t* slot_rows,
                                             std::int16_t* lru, std::int32_t hits, std::int32_t misses) const {
-    const std::int32_t H = a.hot_slots, K = a.top_k;
+    const std::int32_t H = hot_slots(), K = top_k();
     const std::int32_t G = entry_groups();
     const std::int32_t untouched = H - hits - misses;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, G), [&](const std::int32_t i) {
@@ -638,14 +659,14 @@ struct HiSparseResolve {
     // The new LRU order, four positions a thread at a time: the scratch loads
     // first (the compiler cannot tell the two apart), then the stores.
     constexpr int lru_per_round = 4;
-    for (std::int32_t p0 = team.team_rank(); p0 < H; p0 += lru_per_round * team.team_size()) {
+    for (std::int32_t p0 = team.team_rank(); p0 < H; p0 += lru_per_round * threads(team)) {
       std::int16_t order[lru_per_round];
       for (int u = 0; u < lru_per_round; ++u) {
-        const std::int32_t p = p0 + u * team.team_size();
+        const std::int32_t p = p0 + u * threads(team);
         order[u] = s.lru[p < H ? p : 0];
       }
       for (int u = 0; u < lru_per_round; ++u) {
-        const std::int32_t p = p0 + u * team.team_size();
+        const std::int32_t p = p0 + u * threads(team);
         if (p < H) lru[p] = order[u];
       }
     }
@@ -669,9 +690,9 @@ struct HiSparseResolve {
     // A padding row goes through pass 1 as a row whose request is outside the
     // tables: every output -1, counts 0, and it returns before its state.
     const bool padding = state < 0 || state >= a.num_state_rows;
-    const std::size_t bytes = hisparse::ResolveScratch::bytes(a.top_k, a.hot_slots, cached_blocks);
+    const std::size_t bytes = hisparse::ResolveScratch::bytes(top_k(), hot_slots(), cached_blocks);
     void* base = team.team_scratch(Level).get_shmem_aligned(bytes, 16);
-    const hisparse::ResolveScratch s = hisparse::ResolveScratch::carve(base, a.top_k, a.hot_slots, cached_blocks);
+    const hisparse::ResolveScratch s = hisparse::ResolveScratch::carve(base, top_k(), hot_slots(), cached_blocks);
     const std::int64_t hot_table_row = a.hot_table_by_state && !padding ? state : row;
     std::uint32_t* const totals[2] = {s.totals, s.totals + hisparse::team_total_words / 2};
     std::uint32_t counts = 0;
@@ -708,26 +729,38 @@ inline std::size_t resolve_hisparse_scratch_bytes(std::int32_t top_k, std::int32
   return hisparse::ResolveScratch::bytes(top_k, hot_slots, cached) + 16;
 }
 
+// A team of hisparse::team_threads resolves each row with level `Level`
+// scratch, compiled for `Shape`.
+template <class Space, int Level, class Shape>
+void launch_resolve(const Space& space, const HiSparseResolveArgs& a, std::int32_t cached, std::size_t bytes) {
+  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<hisparse::team_threads, 1>>;
+  policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(hisparse::team_threads));
+  policy.set_scratch_size(Level, Kokkos::PerTeam(bytes));
+  const auto source = BlockSplit<Shape::split>::of(a.source_block_size);
+  const auto resident = BlockSplit<Shape::split>::of(a.resident_block_size);
+  const auto hot = BlockSplit<Shape::split>::of(a.hot_block_size);
+  Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy,
+                       HiSparseResolve<Space, Level, Shape>{a, cached, source, resident, hot});
+}
+
 template <class Space>
 void resolve_hisparse(const Space& space, const HiSparseResolveArgs& a) {
   if (a.num_rows == 0) return;
-  using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<hisparse::team_threads, 1>>;
   const std::int32_t cached = hisparse::ResolveScratch::cached_hot_blocks(a.hot_slots, a.hot_block_size);
   const std::size_t bytes = resolve_hisparse_scratch_bytes(a.top_k, a.hot_slots, a.hot_block_size);
   // Production rows (K = 2048, H = 4096: 39,440 bytes) fit level-0 (shared
-  // memory) scratch; larger shapes take level-1 (global) scratch.
-  const int level = bytes <= static_cast<std::size_t>(policy_type::scratch_size_max(0)) ? 0 : 1;
-  policy_type policy(space, static_cast<int>(a.num_rows), row_team_size<Space>(hisparse::team_threads));
-  policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
-  const auto source = BlockSplit<SplitBy::either>::of(a.source_block_size);
-  const auto resident = BlockSplit<SplitBy::either>::of(a.resident_block_size);
-  const auto hot = BlockSplit<SplitBy::either>::of(a.hot_block_size);
-  if (level == 0) {
-    Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy,
-                         HiSparseResolve<Space, 0>{a, cached, source, resident, hot});
+  // memory) scratch, and run the production shape when their block sizes
+  // are powers of two; larger shapes take level-1 (global) scratch.
+  const auto power_of_two = [](std::int32_t n) { return exact_log2(n) >= 0; };
+  const bool resident_splits = a.resident_block_table == nullptr || power_of_two(a.resident_block_size);
+  if (bytes > static_cast<std::size_t>(Kokkos::TeamPolicy<Space>::scratch_size_max(0))) {
+    launch_resolve<Space, 1, AnyShape>(space, a, cached, bytes);
+  } else if (a.top_k == ProductionShape::top_k && a.hot_slots == ProductionShape::hot_slots &&
+             row_team_size<Space>(hisparse::team_threads) == ProductionShape::threads &&
+             power_of_two(a.source_block_size) && power_of_two(a.hot_block_size) && resident_splits) {
+    launch_resolve<Space, 0, ProductionShape>(space, a, cached, bytes);
   } else {
-    Kokkos::parallel_for("sparse_mla::resolve_hisparse", policy,
-                         HiSparseResolve<Space, 1>{a, cached, source, resident, hot});
+    launch_resolve<Space, 0, AnyShape>(space, a, cached, bytes);
   }
 }
 
