@@ -605,7 +605,9 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
   const std::int64_t units = vector4 ? a.num_topk / 4 : a.num_topk;
   if constexpr (is_host_space<Space>) {
     if (vector4) {
-      if (launch_rounds<Space, 1, 4>(space, p, dcp, a.num_tokens, units)) return;
+      // Compacted rows under 512 tokens write -1 first, as on GPUs, so that
+      // the host backend runs that path too.
+      if (launch_rounds<Space, 1, 4>(space, p, dcp, a.num_tokens, units, Dcp::compact && a.num_tokens < 512)) return;
       launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, 1);
     } else {
       launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, 1);
