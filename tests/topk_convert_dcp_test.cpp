@@ -56,9 +56,9 @@ const DcpShape shapes[] = {
     {5, 1001, 2, 40, 64},    // single entries over several rounds
 };
 
-// Positions of the whole (global) context: most inside some rank's share,
-// some past every table, -1 and other negatives.
-reference::TopkInputs random_inputs(std::mt19937_64& rng, const DcpShape& s, const DcpConfig& d) {
+// The shape, the split, random request ids and a random block table; no
+// positions yet.
+reference::TopkInputs random_tables(std::mt19937_64& rng, const DcpShape& s, const DcpConfig& d) {
   reference::TopkInputs in;
   in.num_tokens = s.T;
   in.num_topk = s.K;
@@ -66,12 +66,19 @@ reference::TopkInputs random_inputs(std::mt19937_64& rng, const DcpShape& s, con
   in.block_size = s.block_size;
   in.block_stride_rows = s.block_size;
   in.set_dcp(d);
-  const std::int64_t global = s.B * s.block_size * d.size;  // positions the ranks' tables hold together
   std::uniform_int_distribution<std::int32_t> req(0, static_cast<std::int32_t>(s.R - 1));
-  std::uniform_int_distribution<std::int64_t> inside(0, global - 1), past(global, global + 500);
-  std::uniform_int_distribution<int> kind(0, 99);
   for (std::int64_t t = 0; t < s.T; ++t) in.req_id.push_back(req(rng));
   for (std::int64_t i = 0; i < s.R * s.B; ++i) in.block_table.push_back(static_cast<std::int32_t>(rng() % 5000));
+  return in;
+}
+
+// Positions of the whole (global) context: most inside some rank's share,
+// some past every table, -1 and other negatives.
+reference::TopkInputs random_inputs(std::mt19937_64& rng, const DcpShape& s, const DcpConfig& d) {
+  reference::TopkInputs in = random_tables(rng, s, d);
+  const std::int64_t global = s.B * s.block_size * d.size;  // positions the ranks' tables hold together
+  std::uniform_int_distribution<std::int64_t> inside(0, global - 1), past(global, global + 500);
+  std::uniform_int_distribution<int> kind(0, 99);
   for (std::int64_t i = 0; i < s.T * s.K; ++i) {
     const int k = kind(rng);
     const std::int64_t extreme = k % 2 ? std::numeric_limits<std::int32_t>::max() - k : std::numeric_limits<std::int32_t>::min() + k;
@@ -274,15 +281,7 @@ TEST_P(TopkConvertDcpTest, ASplitWiderThanEveryPositionOwnsOneRunARank) {
     for (const std::int32_t rank : {0, 1, 5, huge / 2 - 1, huge / 2, huge - 1}) {
       const DcpConfig d{huge, rank, 64, true};
       SCOPED_TRACE(describe(s, d));
-      reference::TopkInputs in;
-      in.num_tokens = s.T;
-      in.num_topk = s.K;
-      in.blocks_per_request = s.B;
-      in.block_size = s.block_size;
-      in.block_stride_rows = s.block_size;
-      in.set_dcp(d);
-      for (std::int64_t t = 0; t < s.T; ++t) in.req_id.push_back(static_cast<std::int32_t>(rng() % s.R));
-      for (std::int64_t i = 0; i < s.R * s.B; ++i) in.block_table.push_back(static_cast<std::int32_t>(rng() % 5000));
+      reference::TopkInputs in = random_tables(rng, s, d);
       // Positions of ranks 0 to 7, and near the top of the range (the
       // last ranks' runs), and negatives.
       const std::int64_t top = std::numeric_limits<std::int32_t>::max();
