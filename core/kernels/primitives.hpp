@@ -277,20 +277,18 @@ KOKKOS_INLINE_FUNCTION std::uint32_t team_exclusive_sum(const Member& team, std:
     return before;
   } else {
     // A shuffle scan in each group, one word per group through scratch, one
-    // barrier (Kokkos' team reductions and scans take several).
+    // barrier (Kokkos' team reductions and scans take several); then lane g
+    // of every group reads group g's word, and two group sums give the team's
+    // total and the groups ahead (not a loop over the groups on every thread).
     const int rank = team.team_rank();
     const int lane = rank & 31, group = rank >> 5;
     const std::uint32_t inclusive = group_inclusive_sum(value, lane);
     if (lane == 31) totals[group] = inclusive;
     team.team_barrier();
     const int groups = team.team_size() >> 5;
-    std::uint32_t before = 0, sum = 0;
-    for (int g = 0; g < groups; ++g) {
-      const std::uint32_t t = totals[g];
-      before += g < group ? t : 0u;
-      sum += t;
-    }
-    total = sum;
+    const auto word = static_cast<std::int32_t>(lane < groups ? totals[lane] : 0u);
+    total = static_cast<std::uint32_t>(group_sum(word));
+    const auto before = static_cast<std::uint32_t>(group_sum(lane < group ? word : 0));
     return before + inclusive - value;
   }
 }
