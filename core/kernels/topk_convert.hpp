@@ -27,9 +27,11 @@
 // Both also run the DCP filter-and-convert (SPEC section 2a), chosen at
 // compile time (Dcp): positions become the rank's local positions (-1 for
 // other ranks') before the table lookup, and with compaction a team
-// exclusive scan per unit of a round places each thread's valid outputs in
-// input order, and the rest of the row is -1 (set after the last round, or,
-// in rows of few tokens, before each round's scan).
+// exclusive scan per unit of a round places each thread's valid entries in
+// input order, and the rest of the row is -1. ConvertRounds places the local
+// positions in team scratch and then converts the compacted row (table loads
+// for valid entries only, whole-unit stores); Convert converts each round's
+// entries and stores them at their places, then sets the tail.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -232,6 +234,31 @@ KOKKOS_INLINE_FUNCTION void store_valid(std::int32_t* out, std::int32_t at, cons
   if (v.w != -1) out[at] = v.w;
 }
 
+// A unit's positions outside the table become -1; returns those left (the
+// unit's valid entries: validity needs no table load).
+template <class Split>
+KOKKOS_INLINE_FUNCTION std::int32_t keep_inside(const TableMap<Split>& m, Int4& v) {
+  const std::int32_t x = m.inside(v.x), y = m.inside(v.y), z = m.inside(v.z), w = m.inside(v.w);
+  v = Int4{x ? v.x : -1, y ? v.y : -1, z ? v.z : -1, w ? v.w : -1};
+  return x + y + z + w;
+}
+
+// Unit q of a staged row of `valid` entries, -1 from `valid` on (entries
+// past `valid` are not read: nothing wrote them).
+KOKKOS_INLINE_FUNCTION Int4 staged_unit(const std::int32_t* staged, std::int32_t q, std::int32_t valid) {
+  const std::int32_t left = valid - 4 * q;
+  if (left >= 4) return reinterpret_cast<const Int4*>(staged)[q];
+  Int4 v{-1, -1, -1, -1};
+  if (left > 0) v.x = staged[4 * q];
+  if (left > 1) v.y = staged[4 * q + 1];
+  if (left > 2) v.z = staged[4 * q + 2];
+  return v;
+}
+
+// The largest K whose compacted rows ConvertRounds stages in team scratch
+// (32 KiB a team); longer rows take Convert.
+inline constexpr std::int64_t max_staged_topk = 8192;
+
 // A compacted row's tail: entries [valid, count) of `out` become -1, as
 // 16-byte stores from the first multiple of four on when the row's units are
 // (Unit = Int4: the row is 16-byte aligned and count % 4 == 0).
@@ -390,10 +417,6 @@ struct RoundParams {
   std::int32_t* physical;
   std::uint32_t physical_stride;
   std::int32_t* valid_counts;  // or nullptr
-  // Compacted rows (Dcp::compact): set every unit to -1 before the round's
-  // offsets are known, and the valid entries over them (rows of few tokens,
-  // where the extra stores cost less than waiting for the count).
-  bool minus_one_first;
 };
 
 // The team sum's or scan's partials of a team of Threads: none for a team of
@@ -426,6 +449,12 @@ struct ConvertRounds {
   RoundParams<Split> p;
   Dcp dcp;
 
+  // A compacted row's team scratch for `rounds` rounds: the staged row (K
+  // ints) and a flag after it.
+  KOKKOS_INLINE_FUNCTION static constexpr std::int64_t staged_ints(std::int64_t rounds) {
+    return rounds * UnitsInFlight * Threads * 4 + 4;
+  }
+
   // A unit's four table loads are predicated (map_unit<true>): the compiler
   // keeps fewer addresses live than with Convert's branch-free loads of
   // entry 0. Convert keeps the branch-free loads for rows it does not
@@ -442,37 +471,85 @@ struct ConvertRounds {
     return valid;
   }
 
-  // A compacted round (Dcp::compact): the round's valid entries after the
-  // `base` of the rounds before, in input order; returns the round's count.
-  KOKKOS_INLINE_FUNCTION std::int32_t compact_round(const member_type& team, const TableMap<Split>& m,
-                                                    Int4 (&v)[UnitsInFlight], std::int32_t* row, std::int32_t base,
-                                                    std::int32_t* scratch, int& parity) const {
+  // A compacted row (Dcp::compact) takes two phases, so that a table load is
+  // issued only for a valid entry, by the threads whose units hold it, and
+  // every store is a whole 16-byte unit (the -1 tail included):
+  // - stage_round(): a round's valid local positions (owned, inside the
+  //   table) go, in input order, after those of the rounds before, into
+  //   `staged` (team scratch, the row's K ints);
+  // - after a barrier, convert_staged_round(): a thread converts its own
+  //   units of the staged row, -1 from the row's valid count on, and stores
+  //   them in the row and back in `staged`.
+  // Every round's loads precede every store (rows converted in place). A
+  // table entry can still turn a staged position into -1 (its row plus the
+  // offset wraps to -1, which SPEC section 2a does not count): the threads
+  // that see one raise a flag, and after a barrier the team compacts the
+  // converted row again (recompact()).
+  KOKKOS_INLINE_FUNCTION std::int32_t stage_round(const member_type& team, const TableMap<Split>& m,
+                                                  Int4 (&v)[UnitsInFlight], std::int32_t* staged, std::int32_t base,
+                                                  std::int32_t* scratch, int& parity) const {
     std::int32_t count[UnitsInFlight], before[UnitsInFlight];
-    map_compact_units(m, dcp, v, count, [](int) { return true; });
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      dcp.localize(v[u]);
+      count[u] = keep_inside(m, v[u]);
+    }
     std::int32_t total = 0;
     device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
-    for (int u = 0; u < UnitsInFlight; ++u) store_valid(row, base + before[u], v[u]);
+    for (int u = 0; u < UnitsInFlight; ++u) store_valid(staged, base + before[u], v[u]);
     return total;
+  }
+
+  // Round r's units of thread `rank` in a staged row of `valid` entries:
+  // staged positions to rows (predicated table loads; a unit past `valid`
+  // loads nothing and becomes -1), stored at the same units of `out` and of
+  // `staged`. Returns whether a staged position became -1.
+  KOKKOS_INLINE_FUNCTION static bool convert_staged_round(const TableMap<Split>& m, std::int32_t* staged, Int4* out,
+                                                          std::int32_t rank, std::int32_t r, std::int32_t valid) {
+    Int4 v[UnitsInFlight], start[UnitsInFlight] = {};
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      const std::int32_t q = (r * UnitsInFlight + u) * Threads + rank;
+      v[u] = staged_unit(staged, q, valid);
+      if (4 * q < valid) start[u] = start_unit<true>(m, v[u]);
+    }
+    bool lost = false;
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      const std::int32_t q = (r * UnitsInFlight + u) * Threads + rank;
+      const std::int32_t left = valid - 4 * q;
+      const std::int32_t kept = finish_unit(m, v[u], start[u]);
+      out[q] = v[u];
+      if (left > 0) {
+        reinterpret_cast<Int4*>(staged)[q] = v[u];
+        lost |= kept < (left < 4 ? left : 4);
+      }
+    }
+    return lost;
+  }
+
+  // The row again from its converted entries (`converted`, the first `valid`
+  // in input order), the -1 among them left out, as the rounds compact
+  // theirs; entries [kept, valid) of `row` become -1. Returns `kept`.
+  KOKKOS_INLINE_FUNCTION std::int32_t recompact(const member_type& team, const std::int32_t* converted, std::int32_t* row,
+                                                std::int32_t rank, std::int32_t valid, std::int32_t* scratch,
+                                                int& parity) const {
+    std::int32_t kept = 0;
+    for (std::int32_t r = 0; r < p.rounds; ++r) {
+      Int4 v[UnitsInFlight];
+      std::int32_t count[UnitsInFlight], before[UnitsInFlight];
+      for (int u = 0; u < UnitsInFlight; ++u) {
+        v[u] = staged_unit(converted, (r * UnitsInFlight + u) * Threads + rank, valid);
+        count[u] = (v[u].x != -1) + (v[u].y != -1) + (v[u].z != -1) + (v[u].w != -1);
+      }
+      std::int32_t total = 0;
+      device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
+      for (int u = 0; u < UnitsInFlight; ++u) store_valid(row, kept + before[u], v[u]);
+      kept += total;
+    }
+    for (std::int32_t i = kept + rank; i < valid; i += Threads) row[i] = -1;
+    return kept;
   }
 
   KOKKOS_INLINE_FUNCTION static void load(const Int4* in, Int4 (&v)[UnitsInFlight]) {
     for (int u = 0; u < UnitsInFlight; ++u) v[u] = in[u * Threads];
-  }
-
-  // A compacted row's tail, in the units thread `rank` loads in round r
-  // (the row's units are the team's, round by round): the entries from
-  // `valid` on become -1, whole units as one 16-byte store, the one unit that
-  // `valid` splits entry by entry. No thread loops over the tail.
-  KOKKOS_INLINE_FUNCTION void fill_own_units(std::int32_t* row, std::int32_t rank, std::int32_t r,
-                                             std::int32_t valid) const {
-    for (int u = 0; u < UnitsInFlight; ++u) {
-      const std::int32_t q = (r * UnitsInFlight + u) * Threads + rank;
-      if (4 * q >= valid) {
-        reinterpret_cast<Int4*>(row)[q] = Int4{-1, -1, -1, -1};
-      } else if (4 * q + 4 > valid) {
-        for (std::int32_t i = valid; i < 4 * q + 4; ++i) row[i] = -1;
-      }
-    }
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
@@ -490,23 +567,26 @@ struct ConvertRounds {
     const TableMap<Split> m{p.block_table + wide_mul(static_cast<std::uint32_t>(req), p.block_table_stride), p.limit,
                             p.split, p.block_stride_rows};
     if constexpr (Dcp::compact) {
-      // With minus_one_first, a thread sets its units of a round to -1 as
-      // soon as it has loaded them, and the round's barrier orders those
-      // stores before the valid entries that land on them: no store waits
-      // for the row's count. Otherwise the tail follows the last round.
-      std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
+      auto* staged = static_cast<std::int32_t*>(
+          team.team_scratch(0).get_shmem_aligned(sizeof(std::int32_t) * staged_ints(p.rounds), 16));
+      std::int32_t* lost = staged + staged_ints(p.rounds) - 4;
+      if (rank == 0) *lost = 0;  // ordered before the flag's stores by the rounds' barriers
       int parity = 0;
-      if (p.minus_one_first) fill_own_units(row, rank, 0, 0);
-      std::int32_t valid = compact_round(team, m, v, row, 0, partial, parity);
+      std::int32_t valid = stage_round(team, m, v, staged, 0, partial, parity);
       for (std::int32_t r = 1; r < p.rounds; ++r) {
         in += UnitsInFlight * Threads;
         load(in, v);
-        if (p.minus_one_first) fill_own_units(row, rank, r, 0);
-        valid += compact_round(team, m, v, row, valid, partial, parity);
+        valid += stage_round(team, m, v, staged, valid, partial, parity);
       }
-      if (!p.minus_one_first) {
-        for (std::int32_t r = 0; r < p.rounds; ++r) fill_own_units(row, rank, r, valid);
+      team.team_barrier();
+      std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
+      bool lost_here = false;
+      for (std::int32_t r = 0; r < p.rounds; ++r) {
+        lost_here |= convert_staged_round(m, staged, reinterpret_cast<Int4*>(row), rank, r, valid);
       }
+      if (lost_here) *lost = 1;
+      team.team_barrier();
+      if (*lost != 0) valid = recompact(team, staged, row, rank, valid, partial, parity);
       if (rank == 0) p.valid_counts[t] = valid;
       return;
     }
@@ -542,12 +622,11 @@ void launch(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int
 // whole rounds of Threads x UnitsInFlight units (`units` a row) and its
 // strides fit in 32 bits; else launches nothing and returns false.
 template <class Space, int Threads, int UnitsInFlight, class Split, class Dcp>
-bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, std::int64_t units,
-                   bool minus_one_first = false) {
+bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, std::int64_t units) {
   constexpr std::int64_t per_round = std::int64_t{Threads} * UnitsInFlight;
   const auto fits = [](std::int64_t stride) { return stride >= 0 && stride <= std::int64_t{0xFFFFFFFF}; };
   if (p.workspace_request != nullptr || units % per_round != 0 || !fits(p.logical_stride) ||
-      !fits(p.physical_stride) || !fits(p.block_table_stride)) {
+      !fits(p.physical_stride) || !fits(p.block_table_stride) || (Dcp::compact && 4 * units > max_staged_topk)) {
     return false;
   }
   const RoundParams<Split> r{p.logical,
@@ -561,14 +640,16 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
                              static_cast<std::int32_t>(units / per_round),
                              p.physical,
                              static_cast<std::uint32_t>(p.physical_stride),
-                             p.valid_counts,
-                             minus_one_first};
+                             p.valid_counts};
   static_assert(Threads == 1 || !is_host_space<Space>, "host spaces run teams of one (round_partials)");
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), Threads);
+  std::size_t scratch = 0;
   if (!device::static_team_ints && Threads > 1) {  // round_partials() takes team scratch
     constexpr std::size_t ints = Dcp::compact ? device::team_round_ints(UnitsInFlight) : device::team_sum_ints(Threads);
-    policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * ints));
+    scratch += sizeof(std::int32_t) * ints;
   }
+  if (Dcp::compact) scratch += sizeof(std::int32_t) * static_cast<std::size_t>(4 * units) + 16;  // the staged row, aligned
+  if (scratch > 0) policy.set_scratch_size(0, Kokkos::PerTeam(scratch));
   Kokkos::parallel_for(Dcp::filter ? "sparse_mla::convert_topk_dcp_rounds" : "sparse_mla::convert_topk_rounds", policy,
                        ConvertRounds<Space, Split, Threads, UnitsInFlight, Dcp>{r, dcp});
   return true;
@@ -605,9 +686,7 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
   const std::int64_t units = vector4 ? a.num_topk / 4 : a.num_topk;
   if constexpr (is_host_space<Space>) {
     if (vector4) {
-      // Compacted rows under 512 tokens write -1 first, as on GPUs, so that
-      // the host backend runs that path too.
-      if (launch_rounds<Space, 1, 4>(space, p, dcp, a.num_tokens, units, Dcp::compact && a.num_tokens < 512)) return;
+      if (launch_rounds<Space, 1, 4>(space, p, dcp, a.num_tokens, units)) return;
       launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, 1);
     } else {
       launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, 1);
@@ -626,10 +705,8 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
     // 256 x 1. From 512 to 2047 tokens and from 8192 Convert stays (at
     // 128 x 4 the compiler put ConvertRounds' third and fourth index loads
     // behind its first table loads). Compacted DCP rows from 512 to 2047
-    // tokens take ConvertRounds at 256 x 2, which beat both there; below
-    // 512 tokens they set their units to -1 before the offsets
-    // (RoundParams::minus_one_first), which costs more than it saves from
-    // 512 on.
+    // tokens take ConvertRounds at 256 x 2, which beat both there.
+    // Compacted rows of K above max_staged_topk take Convert.
     auto threads_for = [&](int base, int in_flight) {
       const std::int64_t needed = (units + in_flight - 1) / in_flight;
       return static_cast<int>(needed >= base ? base : (needed + 31) / 32 * 32);
@@ -637,7 +714,7 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
     if (!vector4) {
       launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
     } else if (a.num_tokens < 512) {
-      if (launch_rounds<Space, 512, 1>(space, p, dcp, a.num_tokens, units, Dcp::compact)) return;
+      if (launch_rounds<Space, 512, 1>(space, p, dcp, a.num_tokens, units)) return;
       launch<Space, Int4, 2>(space, p, dcp, a.num_tokens, threads_for(256, 2));
     } else if (a.num_tokens < 8192) {
       if constexpr (Dcp::compact) {
