@@ -28,10 +28,11 @@
 // compile time (Dcp): positions become the rank's local positions (-1 for
 // other ranks') before the table lookup, and with compaction a team
 // exclusive scan per unit of a round places each thread's valid entries in
-// input order, and the rest of the row is -1. ConvertRounds places the local
-// positions in team scratch and then converts the compacted row (table loads
-// for valid entries only, whole-unit stores); Convert converts each round's
-// entries and stores them at their places, then sets the tail.
+// input order, and the rest of the row is -1. Convert and ConvertRounds'
+// Compaction::scatter store each round's converted entries at their places;
+// Compaction::stage places the local positions in team scratch first and
+// then converts the compacted row (table loads for valid entries only,
+// whole-unit stores).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -243,13 +244,21 @@ KOKKOS_INLINE_FUNCTION std::int32_t keep_inside(const TableMap<Split>& m, Int4& 
   return x + y + z + w;
 }
 
-// Unit q of a compacted row whose first `valid` entries are set: those
-// entries, and -1 for the rest (which are not read).
-KOKKOS_INLINE_FUNCTION Int4 staged_unit(const std::int32_t* row, std::int32_t q, std::int32_t valid) {
+// Unit q of a staged row of `valid` entries, -1 from `valid` on (entries
+// past `valid` are not read: nothing wrote them).
+KOKKOS_INLINE_FUNCTION Int4 staged_unit(const std::int32_t* staged, std::int32_t q, std::int32_t valid) {
   const std::int32_t left = valid - 4 * q;
-  const std::int32_t* e = row + 4 * q;
-  return Int4{left > 0 ? e[0] : -1, left > 1 ? e[1] : -1, left > 2 ? e[2] : -1, left > 3 ? e[3] : -1};
+  if (left >= 4) return reinterpret_cast<const Int4*>(staged)[q];
+  Int4 v{-1, -1, -1, -1};
+  if (left > 0) v.x = staged[4 * q];
+  if (left > 1) v.y = staged[4 * q + 1];
+  if (left > 2) v.z = staged[4 * q + 2];
+  return v;
 }
+
+// The largest K whose compacted rows ConvertRounds stages in team scratch
+// (Compaction::stage: 32 KiB a team).
+inline constexpr std::int64_t max_staged_topk = 8192;
 
 // A compacted row's tail: entries [valid, count) of `out` become -1, as
 // 16-byte stores from the first multiple of four on when the row's units are
@@ -411,48 +420,33 @@ struct RoundParams {
   std::int32_t* valid_counts;  // or nullptr
 };
 
-// How ConvertRounds compacts a row (Dcp::compact), chosen by the launch.
-// Both know an entry's validity (owned, inside the table) before its table
-// load, so that a round's scan does not wait for the loads.
-enum class Compaction {
-  // Each round's table loads go out before its scan, and its valid entries
-  // are stored at their places in the row: the shortest chain of memory
-  // latencies, for rows of few tokens.
-  scatter,
-  // The row's valid local positions are staged in team memory first; then
-  // only the threads whose units of the compacted row hold them load their
-  // table entries, and every store is a whole 16-byte unit: the fewest
-  // instructions, for rows of many tokens. Rows of K <= staged_topk.
-  stage,
-};
-
-// The longest row (K) Compaction::stage takes: its team memory holds the
-// staged row.
-inline constexpr int staged_topk = 2048;
-
-// The team memory of a team of Threads: the team sum's or scan's partials
-// (none for a team of one, host spaces) and `Extra` ints after them, from
-// device::team_ints (a constant address on GPUs); nullptr when it needs none.
-template <int Threads, int ScanUnits, int Extra, class Member>
+// The team sum's or scan's partials of a team of Threads: none for a team of
+// one (host spaces), else device::team_ints (a constant address on GPUs).
+template <int Threads, int ScanUnits, class Member>
 KOKKOS_INLINE_FUNCTION std::int32_t* round_partials(const Member& team) {
   constexpr std::size_t ints = ScanUnits > 0 ? device::team_round_ints(ScanUnits) : device::team_sum_ints(Threads);
-  if constexpr (Threads > 1 || Extra > 0) {
-    return device::team_ints<static_cast<int>(ints) + Extra>(team);
+  if constexpr (Threads > 1) {
+    return device::team_ints<static_cast<int>(ints)>(team);
   } else {
     (void)team;
     return nullptr;
   }
 }
 
-// Stores entry j of `rows` at out[at], out[at + 1], ... for each j whose
-// local position (`local`) is valid, in order: the places a round's scan
-// gave, whatever the table made of them.
-KOKKOS_INLINE_FUNCTION void store_kept(std::int32_t* out, std::int32_t at, const Int4& local, const Int4& rows) {
-  if (local.x != -1) out[at++] = rows.x;
-  if (local.y != -1) out[at++] = rows.y;
-  if (local.z != -1) out[at++] = rows.z;
-  if (local.w != -1) out[at] = rows.w;
-}
+// How ConvertRounds compacts a row (Dcp::compact), chosen by the launch.
+enum class Compaction {
+  // Each round's table loads go out first, then its scan over what they
+  // made valid, and its valid entries are stored at their places, over -1
+  // stored before the round's barrier: the shortest chain of memory
+  // latencies, for rows of few tokens.
+  scatter,
+  // The row's valid local positions (owned, inside the table: validity
+  // needs no table load) are staged in team scratch first; then only the
+  // threads whose units of the compacted row hold them load table entries,
+  // and every store is a whole 16-byte unit: the fewest instructions, for
+  // rows of many tokens. Rows of K <= max_staged_topk.
+  stage,
+};
 
 // Rows of whole rounds: each thread of a team of Threads converts
 // UnitsInFlight 16-byte units a round, every round full, strides below 2^32,
@@ -469,10 +463,14 @@ template <class Space, class Split, int Threads, int UnitsInFlight, class Dcp = 
           Compaction How = Compaction::scatter>
 struct ConvertRounds {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
-  static constexpr int scan_units = Dcp::compact ? UnitsInFlight : 0;
-  static constexpr int staged_ints = Dcp::compact && How == Compaction::stage ? staged_topk : 0;
   RoundParams<Split> p;
   Dcp dcp;
+
+  // Compaction::stage's team scratch for `rounds` rounds: the staged row (K
+  // ints) and a flag after it.
+  KOKKOS_INLINE_FUNCTION static constexpr std::int64_t staged_ints(std::int64_t rounds) {
+    return rounds * UnitsInFlight * Threads * 4 + 4;
+  }
 
   // A unit's four table loads are predicated (map_unit<true>): the compiler
   // keeps fewer addresses live than with Convert's branch-free loads of
@@ -490,41 +488,41 @@ struct ConvertRounds {
     return valid;
   }
 
-  // Unit u of round r of thread `rank`: the team's units, round by round.
-  KOKKOS_INLINE_FUNCTION static std::int32_t unit_of(std::int32_t rank, std::int32_t r, int u) {
-    return (r * UnitsInFlight + u) * Threads + rank;
-  }
-
-  // Compaction::scatter, round r: the round's valid entries after the `base`
-  // of the rounds before, in input order. The thread's units are set to -1
-  // first; the round's barrier (in the scan) orders those stores before the
-  // valid entries that other threads store over them. Returns the round's
-  // count; `lost` is set when the table made a valid entry -1.
-  KOKKOS_INLINE_FUNCTION std::int32_t scatter_round(const member_type& team, const TableMap<Split>& m,
-                                                    Int4 (&v)[UnitsInFlight], std::int32_t* row, std::int32_t rank,
-                                                    std::int32_t r, std::int32_t base, std::int32_t* scratch,
-                                                    int& parity, bool& lost) const {
+  // Compaction::scatter, a round: its valid entries after the `base` of the
+  // rounds before, in input order; returns the round's count.
+  KOKKOS_INLINE_FUNCTION std::int32_t compact_round(const member_type& team, const TableMap<Split>& m,
+                                                    Int4 (&v)[UnitsInFlight], std::int32_t* row, std::int32_t base,
+                                                    std::int32_t* scratch, int& parity) const {
     std::int32_t count[UnitsInFlight], before[UnitsInFlight];
-    Int4 start[UnitsInFlight];
-    for (int u = 0; u < UnitsInFlight; ++u) {
-      dcp.localize(v[u]);
-      count[u] = keep_inside(m, v[u]);
-      start[u] = start_unit<true>(m, v[u]);
-    }
-    for (int u = 0; u < UnitsInFlight; ++u) reinterpret_cast<Int4*>(row)[unit_of(rank, r, u)] = Int4{-1, -1, -1, -1};
+    map_compact_units(m, dcp, v, count, [](int) { return true; });
     std::int32_t total = 0;
     device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
-    for (int u = 0; u < UnitsInFlight; ++u) {
-      Int4 rows = v[u];
-      lost |= finish_unit(m, rows, start[u]) < count[u];
-      store_kept(row, base + before[u], v[u], rows);
-    }
+    for (int u = 0; u < UnitsInFlight; ++u) store_valid(row, base + before[u], v[u]);
     return total;
   }
 
-  // Compaction::stage, round r: the round's valid local positions after the
-  // `base` of the rounds before, in input order, in `staged`. Returns the
-  // round's count.
+  // Compaction::scatter: the units thread `rank` loads in round r (the
+  // row's units are the team's, round by round) become -1.
+  KOKKOS_INLINE_FUNCTION static void minus_one_units(std::int32_t* row, std::int32_t rank, std::int32_t r) {
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      reinterpret_cast<Int4*>(row)[(r * UnitsInFlight + u) * Threads + rank] = Int4{-1, -1, -1, -1};
+    }
+  }
+
+  // Compaction::stage takes two phases, so that a table load is
+  // issued only for a valid entry, by the threads whose units hold it, and
+  // every store is a whole 16-byte unit (the -1 tail included):
+  // - stage_round(): a round's valid local positions (owned, inside the
+  //   table) go, in input order, after those of the rounds before, into
+  //   `staged` (team scratch, the row's K ints);
+  // - after a barrier, convert_staged_round(): a thread converts its own
+  //   units of the staged row, -1 from the row's valid count on, and stores
+  //   them in the row and back in `staged`.
+  // Every round's loads precede every store (rows converted in place). A
+  // table entry can still turn a staged position into -1 (its row plus the
+  // offset wraps to -1, which SPEC section 2a does not count): the threads
+  // that see one raise a flag, and after a barrier the team compacts the
+  // converted row again (recompact()).
   KOKKOS_INLINE_FUNCTION std::int32_t stage_round(const member_type& team, const TableMap<Split>& m,
                                                   Int4 (&v)[UnitsInFlight], std::int32_t* staged, std::int32_t base,
                                                   std::int32_t* scratch, int& parity) const {
@@ -539,48 +537,44 @@ struct ConvertRounds {
     return total;
   }
 
-  // Compaction::stage, after the staging: round r's units of thread `rank`
-  // in the staged row of `valid` entries, converted (only units holding
-  // valid entries load table entries) and stored, -1 from `valid` on.
-  // Returns whether the table made a valid entry -1.
-  KOKKOS_INLINE_FUNCTION static bool convert_staged_round(const TableMap<Split>& m, const std::int32_t* staged,
-                                                          std::int32_t* row, std::int32_t rank, std::int32_t r,
-                                                          std::int32_t valid) {
-    Int4 v[UnitsInFlight], start[UnitsInFlight];
+  // Round r's units of thread `rank` in a staged row of `valid` entries:
+  // staged positions to rows (predicated table loads; a unit past `valid`
+  // loads nothing and becomes -1), stored at the same units of `out` and of
+  // `staged`. Returns whether a staged position became -1.
+  KOKKOS_INLINE_FUNCTION static bool convert_staged_round(const TableMap<Split>& m, std::int32_t* staged, Int4* out,
+                                                          std::int32_t rank, std::int32_t r, std::int32_t valid) {
+    Int4 v[UnitsInFlight], start[UnitsInFlight] = {};
     for (int u = 0; u < UnitsInFlight; ++u) {
-      const std::int32_t q = unit_of(rank, r, u);
-      if (4 * q < valid) {
-        v[u] = staged_unit(staged, q, valid);
-        start[u] = start_unit<true>(m, v[u]);
-      }
+      const std::int32_t q = (r * UnitsInFlight + u) * Threads + rank;
+      v[u] = staged_unit(staged, q, valid);
+      if (4 * q < valid) start[u] = start_unit<true>(m, v[u]);
     }
     bool lost = false;
     for (int u = 0; u < UnitsInFlight; ++u) {
-      const std::int32_t q = unit_of(rank, r, u);
+      const std::int32_t q = (r * UnitsInFlight + u) * Threads + rank;
       const std::int32_t left = valid - 4 * q;
+      const std::int32_t kept = finish_unit(m, v[u], start[u]);
+      out[q] = v[u];
       if (left > 0) {
-        lost |= finish_unit(m, v[u], start[u]) < (left < 4 ? left : 4);
-      } else {
-        v[u] = Int4{-1, -1, -1, -1};
+        reinterpret_cast<Int4*>(staged)[q] = v[u];
+        lost |= kept < (left < 4 ? left : 4);
       }
-      reinterpret_cast<Int4*>(row)[q] = v[u];
     }
     return lost;
   }
 
-  // The rare row in which the table made valid entries -1 (a block's row
-  // plus the offset wraps to -1, which SPEC section 2a does not count): its
-  // first `valid` entries, as stored, compacted again in place round by
-  // round (a round's entries land at or before their places, behind every
-  // later round's loads), and entries [kept, valid) set to -1. Returns kept.
-  KOKKOS_INLINE_FUNCTION std::int32_t recompact(const member_type& team, std::int32_t* row, std::int32_t rank,
-                                                std::int32_t valid, std::int32_t* scratch, int& parity) const {
+  // The row again from its converted entries (`converted`, the first `valid`
+  // in input order), the -1 among them left out, as the rounds compact
+  // theirs; entries [kept, valid) of `row` become -1. Returns `kept`.
+  KOKKOS_INLINE_FUNCTION std::int32_t recompact(const member_type& team, const std::int32_t* converted, std::int32_t* row,
+                                                std::int32_t rank, std::int32_t valid, std::int32_t* scratch,
+                                                int& parity) const {
     std::int32_t kept = 0;
     for (std::int32_t r = 0; r < p.rounds; ++r) {
       Int4 v[UnitsInFlight];
       std::int32_t count[UnitsInFlight], before[UnitsInFlight];
       for (int u = 0; u < UnitsInFlight; ++u) {
-        v[u] = staged_unit(row, unit_of(rank, r, u), valid);
+        v[u] = staged_unit(converted, (r * UnitsInFlight + u) * Threads + rank, valid);
         count[u] = (v[u].x != -1) + (v[u].y != -1) + (v[u].z != -1) + (v[u].w != -1);
       }
       std::int32_t total = 0;
@@ -604,37 +598,49 @@ struct ConvertRounds {
     Int4 v[UnitsInFlight];
     load(in, v);
     const std::int32_t req = p.req_id[t];
-    std::int32_t* partial = round_partials<Threads, scan_units, staged_ints>(team);
+    std::int32_t* partial = round_partials<Threads, Dcp::compact ? UnitsInFlight : 0>(team);
     if (!Dcp::compact && p.valid_counts != nullptr) device::begin_team_sum(team, Threads, partial);
 
     // req_id names a row of the table (SPEC), so it is not negative.
     const TableMap<Split> m{p.block_table + wide_mul(static_cast<std::uint32_t>(req), p.block_table_stride), p.limit,
                             p.split, p.block_stride_rows};
-    if constexpr (Dcp::compact) {
+    if constexpr (Dcp::compact && How == Compaction::scatter) {
+      // A thread sets its units of a round to -1 as soon as it has loaded
+      // them; the round's barrier orders those stores before the valid
+      // entries that land on them, so no store waits for the row's count.
       std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
-      std::int32_t* scan = Threads > 1 ? partial : nullptr;
       int parity = 0;
-      bool lost = false;
-      std::int32_t valid = 0;
-      if constexpr (How == Compaction::scatter) {
-        valid = scatter_round(team, m, v, row, rank, 0, 0, scan, parity, lost);
-        for (std::int32_t r = 1; r < p.rounds; ++r) {
-          in += UnitsInFlight * Threads;
-          load(in, v);
-          valid += scatter_round(team, m, v, row, rank, r, valid, scan, parity, lost);
-        }
-      } else {
-        std::int32_t* staged = partial + (Threads > 1 ? device::team_round_ints(scan_units) : 0);
-        valid = stage_round(team, m, v, staged, 0, scan, parity);
-        for (std::int32_t r = 1; r < p.rounds; ++r) {
-          in += UnitsInFlight * Threads;
-          load(in, v);
-          valid += stage_round(team, m, v, staged, valid, scan, parity);
-        }
-        team.team_barrier();
-        for (std::int32_t r = 0; r < p.rounds; ++r) lost |= convert_staged_round(m, staged, row, rank, r, valid);
+      minus_one_units(row, rank, 0);
+      std::int32_t valid = compact_round(team, m, v, row, 0, partial, parity);
+      for (std::int32_t r = 1; r < p.rounds; ++r) {
+        in += UnitsInFlight * Threads;
+        load(in, v);
+        minus_one_units(row, rank, r);
+        valid += compact_round(team, m, v, row, valid, partial, parity);
       }
-      if (device::team_any(team, lost)) valid = recompact(team, row, rank, valid, scan, parity);
+      if (rank == 0) p.valid_counts[t] = valid;
+      return;
+    } else if constexpr (Dcp::compact) {
+      auto* staged = static_cast<std::int32_t*>(
+          team.team_scratch(0).get_shmem_aligned(sizeof(std::int32_t) * staged_ints(p.rounds), 16));
+      std::int32_t* lost = staged + staged_ints(p.rounds) - 4;
+      if (rank == 0) *lost = 0;  // ordered before the flag's stores by the rounds' barriers
+      int parity = 0;
+      std::int32_t valid = stage_round(team, m, v, staged, 0, partial, parity);
+      for (std::int32_t r = 1; r < p.rounds; ++r) {
+        in += UnitsInFlight * Threads;
+        load(in, v);
+        valid += stage_round(team, m, v, staged, valid, partial, parity);
+      }
+      team.team_barrier();
+      std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
+      bool lost_here = false;
+      for (std::int32_t r = 0; r < p.rounds; ++r) {
+        lost_here |= convert_staged_round(m, staged, reinterpret_cast<Int4*>(row), rank, r, valid);
+      }
+      if (lost_here) *lost = 1;
+      team.team_barrier();
+      if (*lost != 0) valid = recompact(team, staged, row, rank, valid, partial, parity);
       if (rank == 0) p.valid_counts[t] = valid;
       return;
     }
@@ -675,7 +681,7 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
   const auto fits = [](std::int64_t stride) { return stride >= 0 && stride <= std::int64_t{0xFFFFFFFF}; };
   if (p.workspace_request != nullptr || units % per_round != 0 || !fits(p.logical_stride) ||
       !fits(p.physical_stride) || !fits(p.block_table_stride) ||
-      (Dcp::compact && How == Compaction::stage && 4 * units > staged_topk)) {
+      (Dcp::compact && How == Compaction::stage && 4 * units > max_staged_topk)) {
     return false;
   }
   const RoundParams<Split> r{p.logical,
@@ -693,11 +699,15 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
   static_assert(Threads == 1 || !is_host_space<Space>, "host spaces run teams of one (round_partials)");
   using Kernel = ConvertRounds<Space, Split, Threads, UnitsInFlight, Dcp, How>;
   Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), Threads);
-  // round_partials() takes team scratch on host spaces and in portable builds.
-  if ((is_host_space<Space> || !device::static_team_ints) && (Threads > 1 || Kernel::staged_ints > 0)) {
-    constexpr std::size_t ints = Kernel::scan_units > 0 ? device::team_round_ints(Kernel::scan_units) : device::team_sum_ints(Threads);
-    policy.set_scratch_size(0, Kokkos::PerTeam(sizeof(std::int32_t) * (ints + Kernel::staged_ints)));
+  std::size_t scratch = 0;
+  if (!device::static_team_ints && Threads > 1) {  // round_partials() takes team scratch
+    constexpr std::size_t ints = Dcp::compact ? device::team_round_ints(UnitsInFlight) : device::team_sum_ints(Threads);
+    scratch += sizeof(std::int32_t) * ints;
   }
+  if (Dcp::compact && How == Compaction::stage) {  // the staged row and its flag, 16-byte aligned
+    scratch += sizeof(std::int32_t) * static_cast<std::size_t>(Kernel::staged_ints(units / per_round)) + 16;
+  }
+  if (scratch > 0) policy.set_scratch_size(0, Kokkos::PerTeam(scratch));
   Kokkos::parallel_for(Dcp::filter ? "sparse_mla::convert_topk_dcp_rounds" : "sparse_mla::convert_topk_rounds", policy,
                        Kernel{r, dcp});
   return true;
@@ -760,8 +770,8 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
     // 128 x 4 the compiler put ConvertRounds' third and fourth index loads
     // behind its first table loads). Compacted DCP rows below 512 tokens
     // take ConvertRounds' Compaction::scatter, from 512 to 8191 tokens its
-    // Compaction::stage at 256 x 1 (K up to staged_topk; longer rows take
-    // Convert).
+    // Compaction::stage at 256 x 1 (K up to max_staged_topk; longer rows
+    // take Convert).
     auto threads_for = [&](int base, int in_flight) {
       const std::int64_t needed = (units + in_flight - 1) / in_flight;
       return static_cast<int>(needed >= base ? base : (needed + 31) / 32 * 32);
