@@ -250,22 +250,6 @@ KOKKOS_INLINE_FUNCTION std::int32_t team_sum(const Member& team, std::int32_t th
   }
 }
 
-// Whether `value` holds on any thread of the team, on every thread: a
-// barrier that also ORs (__syncthreads_or) in the native forms, a team
-// reduction in the portable one. Every thread of the team calls it.
-template <class Member>
-KOKKOS_INLINE_FUNCTION bool team_any(const Member& team, bool value) {
-#if SPARSE_MLA_FORM_CUDA || SPARSE_MLA_FORM_HIP
-  (void)team;
-  return __syncthreads_or(value) != 0;
-#else
-  if (team.team_size() == 1) return value;
-  int any = value ? 1 : 0;
-  team.team_reduce(Kokkos::Max<int>(any));
-  return any != 0;
-#endif
-}
-
 // Words of team scratch team_exclusive_sum() needs per call: one per lane
 // group of a team of up to 1024 threads.
 inline constexpr std::int32_t team_exclusive_sum_words = 32;
