@@ -194,6 +194,24 @@ KOKKOS_INLINE_FUNCTION std::int32_t group_sum(std::int32_t value) {
 #endif
 }
 
+// The same in uint32, which wraps (sums of packed words).
+KOKKOS_INLINE_FUNCTION std::uint32_t group_sum(std::uint32_t value) {
+#if SPARSE_MLA_FORM_CUDA && __CUDA_ARCH__ >= 800
+  return __reduce_add_sync(0xffffffffu, value);
+#elif SPARSE_MLA_FORM_CUDA || SPARSE_MLA_FORM_HIP
+  for (int mask = 16; mask > 0; mask >>= 1) {
+#if SPARSE_MLA_FORM_CUDA
+    value += __shfl_xor_sync(0xffffffffu, value, mask);
+#else
+    value += __shfl_xor(value, mask, 32);
+#endif
+  }
+  return value;
+#else
+  return value;
+#endif
+}
+
 // The inclusive prefix sum of `value` over the group's lanes up to `lane`.
 KOKKOS_INLINE_FUNCTION std::uint32_t group_inclusive_sum(std::uint32_t value, int lane) {
   for (int d = 1; d < group_lanes; d <<= 1) {
@@ -286,9 +304,9 @@ KOKKOS_INLINE_FUNCTION std::uint32_t team_exclusive_sum(const Member& team, std:
     if (lane == 31) totals[group] = inclusive;
     team.team_barrier();
     const int groups = team.team_size() >> 5;
-    const auto word = static_cast<std::int32_t>(lane < groups ? totals[lane] : 0u);
-    total = static_cast<std::uint32_t>(group_sum(word));
-    const auto before = static_cast<std::uint32_t>(group_sum(lane < group ? word : 0));
+    const std::uint32_t word = lane < groups ? totals[lane] : 0u;
+    total = group_sum(word);
+    const std::uint32_t before = group_sum(lane < group ? word : 0u);
     return before + inclusive - value;
   }
 }
@@ -367,8 +385,9 @@ KOKKOS_INLINE_FUNCTION void team_round_offsets(const Member& team, std::int32_t 
 // `Ints` int32 of team scratch at a fixed place. The native forms use a
 // static shared-memory array (a constant address; Kokkos' team scratch
 // pointer costs arithmetic on launch parameters before the first load); the
-// portable form takes them from level-0 team scratch, which the launch must
-// then reserve (`team_scratch_reserved`). A kernel calls it once.
+// portable form (host spaces, portable builds) takes them from level-0 team
+// scratch, which the launch must then reserve (where `static_team_ints` is
+// false, and on host spaces). A kernel calls it once.
 inline constexpr bool static_team_ints = !portable_build;
 template <int Ints, class Member>
 KOKKOS_INLINE_FUNCTION std::int32_t* team_ints(const Member& team) {

@@ -477,7 +477,8 @@ struct ConvertRounds {
   // entry 0. Convert keeps the branch-free loads for rows it does not
   // compact, with which it measured better (H200, docs/PERFORMANCE.md);
   // compacted rows take predicated loads in both kernels
-  // (map_compact_units), which skip other ranks' positions.
+  // (map_compact_units, convert_staged_round), which skip other ranks'
+  // positions.
   KOKKOS_INLINE_FUNCTION std::int32_t convert_round(const TableMap<Split>& m, Int4 (&v)[UnitsInFlight], Int4* out) const {
     std::int32_t valid = 0;
     for (int u = 0; u < UnitsInFlight; ++u) {
@@ -517,7 +518,7 @@ struct ConvertRounds {
   //   `staged` (team scratch, the row's K ints);
   // - after a barrier, convert_staged_round(): a thread converts its own
   //   units of the staged row, -1 from the row's valid count on, and stores
-  //   them in the row and back in `staged`.
+  //   them in the row and, those holding staged entries, back in `staged`.
   // Every round's loads precede every store (rows converted in place). A
   // table entry can still turn a staged position into -1 (its row plus the
   // offset wraps to -1, which SPEC section 2a does not count): the threads
@@ -539,8 +540,9 @@ struct ConvertRounds {
 
   // Round r's units of thread `rank` in a staged row of `valid` entries:
   // staged positions to rows (predicated table loads; a unit past `valid`
-  // loads nothing and becomes -1), stored at the same units of `out` and of
-  // `staged`. Returns whether a staged position became -1.
+  // loads nothing and becomes -1), stored at the same units of `out` and,
+  // those holding staged entries, of `staged`. Returns whether a staged
+  // position became -1.
   KOKKOS_INLINE_FUNCTION static bool convert_staged_round(const TableMap<Split>& m, std::int32_t* staged, Int4* out,
                                                           std::int32_t rank, std::int32_t r, std::int32_t valid) {
     Int4 v[UnitsInFlight], start[UnitsInFlight] = {};
@@ -673,8 +675,9 @@ void launch(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int
 }
 
 // Launches the whole-rounds kernel and returns true when `p`'s rows are
-// whole rounds of Threads x UnitsInFlight units (`units` a row) and its
-// strides fit in 32 bits; else launches nothing and returns false.
+// whole rounds of Threads x UnitsInFlight units (`units` a row), its strides
+// fit in 32 bits and, for Compaction::stage, K is at most max_staged_topk;
+// else launches nothing and returns false.
 template <class Space, int Threads, int UnitsInFlight, Compaction How = Compaction::scatter, class Split, class Dcp>
 bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, std::int64_t units) {
   constexpr std::int64_t per_round = std::int64_t{Threads} * UnitsInFlight;
@@ -744,7 +747,8 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
   const std::int64_t units = vector4 ? a.num_topk / 4 : a.num_topk;
   if constexpr (is_host_space<Space>) {
     if (vector4) {
-      // Compacted rows compact as on GPUs, by the token count, so that host
+      // Compacted rows compact as on GPUs, by the token count (Compaction::
+      // stage from 512 tokens where K allows it, else scatter), so that host
       // CI runs both ways.
       bool launched = false;
       if constexpr (Dcp::compact) {
@@ -784,8 +788,9 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
     } else if (a.num_tokens < 8192) {
       if constexpr (Dcp::compact) {
         if (launch_rounds<Space, 256, 1, Compaction::stage>(space, p, dcp, a.num_tokens, units)) return;
+      } else {
+        if (a.num_tokens >= 2048 && launch_rounds<Space, 256, 1>(space, p, dcp, a.num_tokens, units)) return;
       }
-      if (a.num_tokens >= 2048 && launch_rounds<Space, 256, 1>(space, p, dcp, a.num_tokens, units)) return;
       launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
     } else {
       launch<Space, Int4, 2>(space, p, dcp, a.num_tokens, threads_for(128, 2));
