@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(SPARSE_MLA_PORTABLE_PRIMITIVES)
 #define SPARSE_MLA_FORM_CUDA 0
@@ -176,26 +177,12 @@ KOKKOS_INLINE_FUNCTION T shuffle_up(T value, int delta) {
 #endif
 }
 
-// The sum of `value` over the group, on every lane.
-KOKKOS_INLINE_FUNCTION std::int32_t group_sum(std::int32_t value) {
-#if SPARSE_MLA_FORM_CUDA && __CUDA_ARCH__ >= 800
-  return __reduce_add_sync(0xffffffffu, value);
-#elif SPARSE_MLA_FORM_CUDA || SPARSE_MLA_FORM_HIP
-  for (int mask = 16; mask > 0; mask >>= 1) {
-#if SPARSE_MLA_FORM_CUDA
-    value += __shfl_xor_sync(0xffffffffu, value, mask);
-#else
-    value += __shfl_xor(value, mask, 32);
-#endif
-  }
-  return value;
-#else
-  return value;
-#endif
-}
-
-// The same in uint32, which wraps (sums of packed words).
-KOKKOS_INLINE_FUNCTION std::uint32_t group_sum(std::uint32_t value) {
+// The sum of `value` over the group, on every lane: int32, or uint32 where
+// the sum must wrap (packed words).
+template <class Int>
+KOKKOS_INLINE_FUNCTION Int group_sum(Int value) {
+  static_assert(std::is_same<Int, std::int32_t>::value || std::is_same<Int, std::uint32_t>::value,
+                "group_sum takes 32-bit integers");
 #if SPARSE_MLA_FORM_CUDA && __CUDA_ARCH__ >= 800
   return __reduce_add_sync(0xffffffffu, value);
 #elif SPARSE_MLA_FORM_CUDA || SPARSE_MLA_FORM_HIP

@@ -152,10 +152,14 @@ KOKKOS_INLINE_FUNCTION std::int32_t finish_unit(const Map& m, std::int32_t& v, s
   v = m.finish(v, s);
   return v != -1;
 }
+// The entries of a unit that are not -1.
+KOKKOS_INLINE_FUNCTION std::int32_t valid_entries(const Int4& v) {
+  return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
+}
 template <class Map>
 KOKKOS_INLINE_FUNCTION std::int32_t finish_unit(const Map& m, Int4& v, const Int4& s) {
   v = Int4{m.finish(v.x, s.x), m.finish(v.y, s.y), m.finish(v.z, s.z), m.finish(v.w, s.w)};
-  return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
+  return valid_entries(v);
 }
 template <bool Predicated = false, class Map>
 KOKKOS_INLINE_FUNCTION std::int32_t map_unit(const Map& m, Int4& v) {
@@ -577,7 +581,7 @@ struct ConvertRounds {
       std::int32_t count[UnitsInFlight], before[UnitsInFlight];
       for (int u = 0; u < UnitsInFlight; ++u) {
         v[u] = staged_unit(converted, (r * UnitsInFlight + u) * Threads + rank, valid);
-        count[u] = (v[u].x != -1) + (v[u].y != -1) + (v[u].z != -1) + (v[u].w != -1);
+        count[u] = valid_entries(v[u]);
       }
       std::int32_t total = 0;
       device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
@@ -708,7 +712,7 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
     scratch += sizeof(std::int32_t) * ints;
   }
   if (Dcp::compact && How == Compaction::stage) {  // the staged row and its flag, 16-byte aligned
-    scratch += sizeof(std::int32_t) * static_cast<std::size_t>(Kernel::staged_ints(units / per_round)) + 16;
+    scratch += sizeof(std::int32_t) * static_cast<std::size_t>(Kernel::staged_ints(r.rounds)) + 16;
   }
   if (scratch > 0) policy.set_scratch_size(0, Kokkos::PerTeam(scratch));
   Kokkos::parallel_for(Dcp::filter ? "sparse_mla::convert_topk_dcp_rounds" : "sparse_mla::convert_topk_rounds", policy,
