@@ -552,18 +552,22 @@ struct ConvertRounds {
     Int4 v[UnitsInFlight], start[UnitsInFlight] = {};
     for (int u = 0; u < UnitsInFlight; ++u) {
       const std::int32_t q = (r * UnitsInFlight + u) * Threads + rank;
-      v[u] = staged_unit(staged, q, valid);
-      if (4 * q < valid) start[u] = start_unit<true>(m, v[u]);
+      if (4 * q < valid) {
+        v[u] = staged_unit(staged, q, valid);
+        start[u] = start_unit<true>(m, v[u]);
+      }
     }
     bool lost = false;
     for (int u = 0; u < UnitsInFlight; ++u) {
       const std::int32_t q = (r * UnitsInFlight + u) * Threads + rank;
       const std::int32_t left = valid - 4 * q;
-      const std::int32_t kept = finish_unit(m, v[u], start[u]);
-      out[q] = v[u];
       if (left > 0) {
+        const std::int32_t kept = finish_unit(m, v[u], start[u]);
+        out[q] = v[u];
         reinterpret_cast<Int4*>(staged)[q] = v[u];
         lost |= kept < (left < 4 ? left : 4);
+      } else {
+        out[q] = Int4{-1, -1, -1, -1};
       }
     }
     return lost;
@@ -705,7 +709,12 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
                              p.valid_counts};
   static_assert(Threads == 1 || !is_host_space<Space>, "host spaces run teams of one (round_partials)");
   using Kernel = ConvertRounds<Space, Split, Threads, UnitsInFlight, Dcp, How>;
-  Kokkos::TeamPolicy<Space> policy(space, static_cast<int>(rows), Threads);
+  // Compaction::stage serves rows of many tokens: every SM full (2048 threads,
+  // 32 registers a thread at 256), which decided its speed (docs/PERFORMANCE.md).
+  using Policy = std::conditional_t<Dcp::compact && How == Compaction::stage,
+                                    Kokkos::TeamPolicy<Space, MeasuredLaunchBounds<Space, Threads, 2048 / Threads>>,
+                                    Kokkos::TeamPolicy<Space>>;
+  Policy policy(space, static_cast<int>(rows), Threads);
   std::size_t scratch = 0;
   if (!device::static_team_ints && Threads > 1) {  // round_partials() takes team scratch
     constexpr std::size_t ints = Dcp::compact ? device::team_round_ints(UnitsInFlight) : device::team_sum_ints(Threads);
