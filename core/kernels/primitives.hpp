@@ -306,6 +306,28 @@ KOKKOS_INLINE_FUNCTION constexpr std::size_t team_round_ints(int units) {
   return 2 * 32 * static_cast<std::size_t>(units);
 }
 
+// The end of team_round_offsets and team_entry_offsets: each group's
+// count of each unit (partial[u * 32 + group]) is written; after the
+// barrier, lane g of every group reads group g's and two group sums give the
+// unit's total and the groups ahead, which `in_group` (the thread's place in
+// its group) is moved by.
+template <int N, class Member>
+KOKKOS_INLINE_FUNCTION void group_offsets(const Member& team, std::int32_t threads, const std::int32_t* partial,
+                                          const std::int32_t (&in_group)[N], std::int32_t (&offset)[N],
+                                          std::int32_t& total) {
+  const std::int32_t rank = team.team_rank();
+  const std::int32_t lane = rank & 31, group = rank >> 5, groups = threads >> 5;
+  team.team_barrier();
+  total = 0;
+  for (int u = 0; u < N; ++u) {
+    const std::int32_t sum = lane < groups ? partial[u * 32 + lane] : 0;
+    const std::int32_t unit_total = group_sum(sum);
+    const std::int32_t earlier_groups = group_sum(lane < group ? sum : 0);
+    offset[u] = total + earlier_groups + in_group[u];
+    total += unit_total;
+  }
+}
+
 // Exclusive offsets of N small counts per thread, in the order (unit u,
 // rank): all threads' unit 0, then all threads' unit 1, ... count[u] (0 to
 // MaxCount) becomes before[u], the counts ahead of it, and `total` is the sum
@@ -341,33 +363,55 @@ KOKKOS_INLINE_FUNCTION void team_round_offsets(const Member& team, std::int32_t 
     }
   } else {
     // In a group, each bit of a count is a ballot: the lanes below hold
-    // popc(ballot & below) of each. The groups' sums of each unit go through
-    // scratch, one barrier, and then lane g of every group reads group g's
-    // sum: two group sums give the unit's total and the groups ahead.
-    const std::int32_t lane = rank & 31, group = rank >> 5, groups = threads >> 5;
+    // popc(ballot & below) of each, and lane 31's count after those is the
+    // group's sum. The groups' sums of each unit go through scratch, one
+    // barrier, and then lane g of every group reads group g's sum: two group
+    // sums give the unit's total and the groups ahead.
+    const std::int32_t lane = rank & 31, group = rank >> 5;
     const LaneMask below = lanes_below(lane);
     std::int32_t in_group[N];
     for (int u = 0; u < N; ++u) {
-      std::int32_t ahead = 0, sum = 0;
-      for (int bit = 0; (MaxCount >> bit) != 0; ++bit) {
-        const LaneMask lanes = ballot((count[u] >> bit) & 1);
-        ahead += popc(lanes & below) << bit;
-        sum += popc(lanes) << bit;
-      }
+      std::int32_t ahead = 0;
+      for (int bit = 0; (MaxCount >> bit) != 0; ++bit) ahead += popc(ballot((count[u] >> bit) & 1) & below) << bit;
       in_group[u] = ahead;
-      if (lane == 0) partial[u * 32 + group] = sum;
+      if (lane == 31) partial[u * 32 + group] = ahead + count[u];
     }
-    team.team_barrier();
-    total = 0;
-    for (int u = 0; u < N; ++u) {
-      const std::int32_t sum = lane < groups ? partial[u * 32 + lane] : 0;
-      const std::int32_t unit_total = group_sum(sum);
-      const std::int32_t earlier_groups = group_sum(lane < group ? sum : 0);
-      before[u] = total + earlier_groups + in_group[u];
-      total += unit_total;
-    }
+    group_offsets(team, threads, partial, in_group, before, total);
   }
 }
+
+// The same for N units of four entries a thread, from which of them are
+// valid (bit e of valid[u]: entry e of unit u): through[u] becomes the valid
+// entries up to and including unit u's, in the order of team_round_offsets
+// (and `total` their sum). A ballot per entry, not per bit of a count: no
+// count to form, and lane 31's inclusive count is its group's sum. Same
+// scratch and parity as team_round_offsets.
+template <int N, class Member>
+KOKKOS_INLINE_FUNCTION void team_entry_offsets(const Member& team, std::int32_t threads, const std::uint32_t (&valid)[N],
+                                               std::int32_t (&through)[N], std::int32_t& total, std::int32_t* scratch,
+                                               int& parity) {
+  if (form == Form::portable || threads == 1) {
+    std::int32_t count[N], before[N];
+    for (int u = 0; u < N; ++u) count[u] = popc(valid[u]);
+    team_round_offsets<N, 4>(team, threads, count, before, total, scratch, parity);
+    for (int u = 0; u < N; ++u) through[u] = before[u] + count[u];
+    return;
+  }
+  std::int32_t* partial = scratch + 32 * N * parity;
+  parity ^= 1;
+  const std::int32_t rank = team.team_rank();
+  const std::int32_t lane = rank & 31, group = rank >> 5;
+  const LaneMask upto = 0xFFFFFFFFu >> (31 - lane);
+  std::int32_t in_group[N];
+  for (int u = 0; u < N; ++u) {
+    std::int32_t inclusive = 0;
+    for (int e = 0; e < 4; ++e) inclusive += popc(ballot((valid[u] >> e) & 1u) & upto);
+    in_group[u] = inclusive;
+    if (lane == 31) partial[u * 32 + group] = inclusive;
+  }
+  group_offsets(team, threads, partial, in_group, through, total);
+}
+
 
 // `Ints` int32 of team scratch at a fixed place. The native forms use a
 // static shared-memory array (a constant address; Kokkos' team scratch

@@ -152,9 +152,14 @@ KOKKOS_INLINE_FUNCTION std::int32_t finish_unit(const Map& m, std::int32_t& v, s
   v = m.finish(v, s);
   return v != -1;
 }
-// The entries of a unit that are not -1.
+// The entries of a unit that are not -1: their count, and which (bit e
+// for entry e).
 KOKKOS_INLINE_FUNCTION std::int32_t valid_entries(const Int4& v) {
   return (v.x != -1) + (v.y != -1) + (v.z != -1) + (v.w != -1);
+}
+KOKKOS_INLINE_FUNCTION std::uint32_t valid_mask(const Int4& v) {
+  return static_cast<std::uint32_t>(v.x != -1) | static_cast<std::uint32_t>(v.y != -1) << 1 |
+         static_cast<std::uint32_t>(v.z != -1) << 2 | static_cast<std::uint32_t>(v.w != -1) << 3;
 }
 template <class Map>
 KOKKOS_INLINE_FUNCTION std::int32_t finish_unit(const Map& m, Int4& v, const Int4& s) {
@@ -188,13 +193,15 @@ KOKKOS_INLINE_FUNCTION void map_compact_units(const Map& m, const Dcp& dcp, Unit
 // rank; an owned position becomes its local position
 // (p / (size * interleave)) * interleave + p % interleave, any other -1
 // (which the table map turns into -1 like every negative position).
+// Dcp<Compact, true> computes the same with masks and a shift, for splits
+// whose size and interleave are powers of two (shifted()).
 struct NoDcp {
   static constexpr bool filter = false;
   static constexpr bool compact = false;
   template <class Unit>
   KOKKOS_INLINE_FUNCTION void localize(Unit&) const {}
 };
-template <bool Compact>
+template <bool Compact, bool Shifts = false>
 struct Dcp {
   static constexpr bool filter = true;
   static constexpr bool compact = Compact;
@@ -206,29 +213,59 @@ struct Dcp {
   std::uint32_t first;  // rank * interleave, the rank's first r
   std::uint32_t span;   // interleave, or 0 when first is past every position
   std::uint32_t interleave;
+  // Shifts: p's bits are those of cycle, rank and offset (log2 size and
+  // log2 interleave bits): owned when p's rank bits (owner_mask) are `rank`
+  // (owner_bits), and local is p without its rank bits.
+  std::uint32_t owner_mask;  // (size - 1) << log2(interleave)
+  std::uint32_t owner_bits;  // rank << log2(interleave)
+  std::uint32_t low_mask;    // interleave - 1
+  std::uint32_t size_shift;  // log2(size)
   static Dcp of(std::int32_t size, std::int32_t rank, std::int32_t interleave) {
     constexpr std::int64_t positions = std::int64_t{1} << 31;
     const std::int64_t w = std::int64_t{size} * interleave, f = std::int64_t{rank} * interleave;
     const std::int64_t width = w < positions ? w : positions;
-    return Dcp{FastDivide::of(width), static_cast<std::uint32_t>(width),
-               static_cast<std::uint32_t>(f < positions ? f : 0), f < positions ? static_cast<std::uint32_t>(interleave) : 0u,
-               static_cast<std::uint32_t>(interleave)};
+    const std::uint32_t size_shift = static_cast<std::uint32_t>(exact_log2(size) >= 0 ? exact_log2(size) : 0);
+    const std::uint32_t low_mask = static_cast<std::uint32_t>(interleave - 1);
+    return Dcp{FastDivide::of(width),
+               static_cast<std::uint32_t>(width),
+               static_cast<std::uint32_t>(f < positions ? f : 0),
+               f < positions ? static_cast<std::uint32_t>(interleave) : 0u,
+               static_cast<std::uint32_t>(interleave),
+               w < positions ? static_cast<std::uint32_t>(w - interleave) : 0u,
+               f < positions ? static_cast<std::uint32_t>(f) : 0u,
+               low_mask,
+               size_shift};
+  }
+  // Whether the masks compute this split's ownership: size and interleave
+  // powers of two, size x interleave below 2^31.
+  bool shifts() const {
+    const bool pow2 = (width & (width - 1)) == 0 && (interleave & (interleave - 1)) == 0;
+    return pow2 && width < (std::uint32_t{1} << 31);
+  }
+  Dcp<Compact, true> shifted() const {
+    return Dcp<Compact, true>{by_width, width, first, span, interleave, owner_mask, owner_bits, low_mask, size_shift};
   }
   // A negative p wraps to a huge unsigned value whose quotient is
   // meaningless but defined; p >= 0 masks it.
   KOKKOS_INLINE_FUNCTION std::int32_t local(std::int32_t p) const {
     const auto u = static_cast<std::uint32_t>(p);
-    const std::uint32_t c = by_width.div(u);
-    const std::uint32_t t = u - c * width - first;
-    const bool owned = p >= 0 && t < span;
-    return owned ? static_cast<std::int32_t>(c * interleave + t) : -1;
+    if constexpr (Shifts) {
+      const bool owned = p >= 0 && ((u ^ owner_bits) & owner_mask) == 0;
+      return owned ? static_cast<std::int32_t>(((u >> size_shift) & ~low_mask) | (u & low_mask)) : -1;
+    } else {
+      const std::uint32_t c = by_width.div(u);
+      const std::uint32_t t = u - c * width - first;
+      const bool owned = p >= 0 && t < span;
+      return owned ? static_cast<std::int32_t>(c * interleave + t) : -1;
+    }
   }
   KOKKOS_INLINE_FUNCTION void localize(std::int32_t& v) const { v = local(v); }
   KOKKOS_INLINE_FUNCTION void localize(Int4& v) const { v = Int4{local(v.x), local(v.y), local(v.z), local(v.w)}; }
 };
 
 // Stores the entries of a unit that are not -1 at out[at], out[at + 1], ...
-// in order (a compacted row).
+// in order (a compacted row); store_valid_through() the same ending at
+// out[end - 1].
 KOKKOS_INLINE_FUNCTION void store_valid(std::int32_t* out, std::int32_t at, std::int32_t v) {
   if (v != -1) out[at] = v;
 }
@@ -238,14 +275,20 @@ KOKKOS_INLINE_FUNCTION void store_valid(std::int32_t* out, std::int32_t at, cons
   if (v.z != -1) out[at++] = v.z;
   if (v.w != -1) out[at] = v.w;
 }
+KOKKOS_INLINE_FUNCTION void store_valid_through(std::int32_t* out, std::int32_t end, const Int4& v) {
+  std::int32_t* at = out + end;
+  if (v.w != -1) *--at = v.w;
+  if (v.z != -1) *--at = v.z;
+  if (v.y != -1) *--at = v.y;
+  if (v.x != -1) *--at = v.x;
+}
 
-// A unit's positions outside the table become -1; returns those left (the
+// A unit's positions outside the table become -1 (those left are the
 // unit's valid entries: validity needs no table load).
 template <class Split>
-KOKKOS_INLINE_FUNCTION std::int32_t keep_inside(const TableMap<Split>& m, Int4& v) {
+KOKKOS_INLINE_FUNCTION void keep_inside(const TableMap<Split>& m, Int4& v) {
   const std::int32_t x = m.inside(v.x), y = m.inside(v.y), z = m.inside(v.z), w = m.inside(v.w);
   v = Int4{x ? v.x : -1, y ? v.y : -1, z ? v.z : -1, w ? v.w : -1};
-  return x + y + z + w;
 }
 
 // Unit q of a staged row of `valid` entries, -1 from `valid` on (entries
@@ -498,11 +541,13 @@ struct ConvertRounds {
   KOKKOS_INLINE_FUNCTION std::int32_t compact_round(const member_type& team, const TableMap<Split>& m,
                                                     Int4 (&v)[UnitsInFlight], std::int32_t* row, std::int32_t base,
                                                     std::int32_t* scratch, int& parity) const {
-    std::int32_t count[UnitsInFlight], before[UnitsInFlight];
+    std::int32_t count[UnitsInFlight], through[UnitsInFlight];
+    std::uint32_t valid[UnitsInFlight];
     map_compact_units(m, dcp, v, count, [](int) { return true; });
+    for (int u = 0; u < UnitsInFlight; ++u) valid[u] = valid_mask(v[u]);
     std::int32_t total = 0;
-    device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
-    for (int u = 0; u < UnitsInFlight; ++u) store_valid(row, base + before[u], v[u]);
+    device::team_entry_offsets(team, Threads, valid, through, total, scratch, parity);
+    for (int u = 0; u < UnitsInFlight; ++u) store_valid_through(row, base + through[u], v[u]);
     return total;
   }
 
@@ -531,14 +576,16 @@ struct ConvertRounds {
   KOKKOS_INLINE_FUNCTION std::int32_t stage_round(const member_type& team, const TableMap<Split>& m,
                                                   Int4 (&v)[UnitsInFlight], std::int32_t* staged, std::int32_t base,
                                                   std::int32_t* scratch, int& parity) const {
-    std::int32_t count[UnitsInFlight], before[UnitsInFlight];
+    std::int32_t through[UnitsInFlight];
+    std::uint32_t valid[UnitsInFlight];
     for (int u = 0; u < UnitsInFlight; ++u) {
       dcp.localize(v[u]);
-      count[u] = keep_inside(m, v[u]);
+      keep_inside(m, v[u]);
+      valid[u] = valid_mask(v[u]);
     }
     std::int32_t total = 0;
-    device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
-    for (int u = 0; u < UnitsInFlight; ++u) store_valid(staged, base + before[u], v[u]);
+    device::team_entry_offsets(team, Threads, valid, through, total, scratch, parity);
+    for (int u = 0; u < UnitsInFlight; ++u) store_valid_through(staged, base + through[u], v[u]);
     return total;
   }
 
@@ -582,14 +629,15 @@ struct ConvertRounds {
     std::int32_t kept = 0;
     for (std::int32_t r = 0; r < p.rounds; ++r) {
       Int4 v[UnitsInFlight];
-      std::int32_t count[UnitsInFlight], before[UnitsInFlight];
+      std::int32_t through[UnitsInFlight];
+      std::uint32_t mask[UnitsInFlight];
       for (int u = 0; u < UnitsInFlight; ++u) {
         v[u] = staged_unit(converted, (r * UnitsInFlight + u) * Threads + rank, valid);
-        count[u] = valid_entries(v[u]);
+        mask[u] = valid_mask(v[u]);
       }
       std::int32_t total = 0;
-      device::team_round_offsets<UnitsInFlight, 4>(team, Threads, count, before, total, scratch, parity);
-      for (int u = 0; u < UnitsInFlight; ++u) store_valid(row, kept + before[u], v[u]);
+      device::team_entry_offsets(team, Threads, mask, through, total, scratch, parity);
+      for (int u = 0; u < UnitsInFlight; ++u) store_valid_through(row, kept + through[u], v[u]);
       kept += total;
     }
     for (std::int32_t i = kept + rank; i < valid; i += Threads) row[i] = -1;
@@ -729,6 +777,18 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
   return true;
 }
 
+// launch_rounds for Compaction::scatter, with the shift form of a
+// compacted split's ownership where it computes it (Dcp::shifts()): rows of
+// few tokens, whose time their instructions decide.
+template <class Space, int Threads, int UnitsInFlight, class Split, class Dcp>
+bool launch_scatter_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows,
+                           std::int64_t units) {
+  if constexpr (Dcp::compact) {
+    if (dcp.shifts()) return launch_rounds<Space, Threads, UnitsInFlight>(space, p, dcp.shifted(), rows, units);
+  }
+  return launch_rounds<Space, Threads, UnitsInFlight>(space, p, dcp, rows, units);
+}
+
 // The kernel's parameters for `a`. A table without blocks has nothing valid
 // (limit 0); its masked loads read entry 0 of a row, so every row points at
 // a readable int32 (the first index) rather than at a zero-width table.
@@ -767,7 +827,7 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
       if constexpr (Dcp::compact) {
         if (a.num_tokens >= 512) launched = launch_rounds<Space, 1, 4, Compaction::stage>(space, p, dcp, a.num_tokens, units);
       }
-      if (launched || launch_rounds<Space, 1, 4>(space, p, dcp, a.num_tokens, units)) return;
+      if (launched || launch_scatter_rounds<Space, 1, 4>(space, p, dcp, a.num_tokens, units)) return;
       launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, 1);
     } else {
       launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, 1);
@@ -796,7 +856,7 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
     if (!vector4) {
       launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
     } else if (a.num_tokens < 512) {
-      if (launch_rounds<Space, 512, 1>(space, p, dcp, a.num_tokens, units)) return;
+      if (launch_scatter_rounds<Space, 512, 1>(space, p, dcp, a.num_tokens, units)) return;
       launch<Space, Int4, 2>(space, p, dcp, a.num_tokens, threads_for(256, 2));
     } else if (a.num_tokens < 8192) {
       if constexpr (Dcp::compact) {
