@@ -300,6 +300,41 @@ TEST_P(TopkConvertDcpTest, ASplitWiderThanEveryPositionOwnsOneRunARank) {
   }
 }
 
+// The widest split whose size and interleave are powers of two that the
+// kernels compute with masks (a cycle of 2^30, below 2^31): positions in
+// cycles 0 and 1, inside and outside the rank's runs, near the top of the
+// range, and negative; against the model, on shapes of each kernel path.
+TEST_P(TopkConvertDcpTest, APowerOfTwoSplitOfTheWidestCycleMatchesTheModel) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(47);
+  const std::int32_t size = std::int32_t{1} << 24, interleave = 64;  // a cycle of 2^30
+  const std::int64_t cycle = std::int64_t{size} * interleave;
+  for (const DcpShape& s : {DcpShape{1, 2048, 2, 4, 64}, DcpShape{600, 2048, 2, 4, 64}, DcpShape{7, 100, 2, 4, 64}}) {
+    for (const std::int32_t rank : {0, 1, size / 2, size - 1}) {
+      const DcpConfig d{size, rank, interleave, true};
+      SCOPED_TRACE(describe(s, d));
+      reference::TopkInputs in = random_tables(rng, s, d);
+      const std::int64_t run = std::int64_t{rank} * interleave;  // the rank's run in each cycle
+      const std::int64_t top = std::numeric_limits<std::int32_t>::max();
+      for (std::int64_t i = 0; i < s.T * s.K; ++i) {
+        const std::uint64_t k = rng() % 10;
+        const std::int64_t near = static_cast<std::int64_t>(rng() % (3 * interleave)) - interleave;  // around the run
+        const std::int64_t p = k < 3   ? run + near
+                               : k < 6 ? cycle + run + near
+                               : k < 7 ? static_cast<std::int64_t>(rng() % 512)
+                               : k < 8 ? top - static_cast<std::int64_t>(rng() % 200)
+                               : k < 9 ? -1
+                                       : -static_cast<std::int64_t>(rng() % 100) - 2;
+        in.logical.push_back(static_cast<std::int32_t>(p));
+      }
+      const auto want = reference::convert_topk_dcp(in);
+      const Result got = convert(in, s.R, d);
+      EXPECT_EQ(got.physical, want.physical);
+      EXPECT_EQ(got.counts, want.valid_counts);
+    }
+  }
+}
+
 // Rows this rank owns nothing of, rows past its table and a row of -1: all
 // -1 and count 0, compacted or not; a rank's owned tokens past its table
 // are -1 too.

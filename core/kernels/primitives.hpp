@@ -309,8 +309,9 @@ KOKKOS_INLINE_FUNCTION constexpr std::size_t team_round_ints(int units) {
 // The end of team_round_offsets and team_entry_offsets: each group's
 // count of each unit (partial[u * 32 + group]) is written; after the
 // barrier, lane g of every group reads group g's and two group sums give the
-// unit's total and the groups ahead, which `in_group` (the thread's place in
-// its group) is moved by.
+// unit's total and the groups ahead, which `in_group` (the thread's count
+// within its group: exclusive or inclusive, as the caller computed it) is
+// moved by.
 template <int N, class Member>
 KOKKOS_INLINE_FUNCTION void group_offsets(const Member& team, std::int32_t threads, const std::int32_t* partial,
                                           const std::int32_t (&in_group)[N], std::int32_t (&offset)[N],
@@ -411,7 +412,6 @@ KOKKOS_INLINE_FUNCTION void team_entry_offsets(const Member& team, std::int32_t 
   }
   group_offsets(team, threads, partial, in_group, through, total);
 }
-
 
 // `Ints` int32 of team scratch at a fixed place. The native forms use a
 // static shared-memory array (a constant address; Kokkos' team scratch

@@ -26,10 +26,12 @@
 //
 // Both also run the DCP filter-and-convert (SPEC section 2a), chosen at
 // compile time (Dcp): positions become the rank's local positions (-1 for
-// other ranks') before the table lookup, and with compaction a team
-// exclusive scan per unit of a round places each thread's valid entries in
-// input order, and the rest of the row is -1. Convert and ConvertRounds'
-// Compaction::scatter store each round's converted entries at their places;
+// other ranks') before the table lookup, and with compaction a team scan of
+// each round's counts places each thread's valid entries in input order
+// (Convert: team_round_offsets, exclusive; ConvertRounds: a ballot per entry,
+// team_entry_offsets, inclusive, stored backwards), and the rest of the row
+// is -1. Convert and ConvertRounds' Compaction::scatter store each round's
+// converted entries at their places;
 // Compaction::stage places the local positions in team scratch first and
 // then converts the compacted row (table loads for valid entries only,
 // whole-unit stores).
@@ -205,17 +207,18 @@ template <bool Compact, bool Shifts = false>
 struct Dcp {
   static constexpr bool filter = true;
   static constexpr bool compact = Compact;
-  // One division a position: with W = size * interleave, p = cycle * W + r
-  // (r < W), and p is owned when r - rank * interleave is in [0,
-  // interleave), its local position cycle * interleave + that.
+  // Shifts = false, one division a position: with W = size * interleave,
+  // p = cycle * W + r (r < W), and p is owned when r - rank * interleave is
+  // in [0, interleave), its local position cycle * interleave + that.
   FastDivide by_width;  // of width
   std::uint32_t width;  // W, or 2^31 when larger (every position is then in cycle 0)
   std::uint32_t first;  // rank * interleave, the rank's first r
   std::uint32_t span;   // interleave, or 0 when first is past every position
   std::uint32_t interleave;
-  // Shifts: p's bits are those of cycle, rank and offset (log2 size and
-  // log2 interleave bits): owned when p's rank bits (owner_mask) are `rank`
-  // (owner_bits), and local is p without its rank bits.
+  // Shifts = true (only where shifts() holds; the fields are meaningless
+  // otherwise): p's bits are those of cycle, rank and offset (log2 size and
+  // log2 interleave bits), so p is owned when its rank bits (owner_mask) are
+  // `rank` (owner_bits), and its local position is p without its rank bits.
   std::uint32_t owner_mask;  // (size - 1) << log2(interleave)
   std::uint32_t owner_bits;  // rank << log2(interleave)
   std::uint32_t low_mask;    // interleave - 1
@@ -757,8 +760,11 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
                              p.valid_counts};
   static_assert(Threads == 1 || !is_host_space<Space>, "host spaces run teams of one (round_partials)");
   using Kernel = ConvertRounds<Space, Split, Threads, UnitsInFlight, Dcp, How>;
-  // Compaction::stage serves rows of many tokens: every SM full (2048 threads,
-  // 32 registers a thread at 256), which decided its speed (docs/PERFORMANCE.md).
+  // Compaction::stage serves rows of many tokens: on sm_90 (2048 threads an
+  // SM) the bound keeps 32 registers a thread at 256, so that register use
+  // does not keep an SM below 8 teams (docs/PERFORMANCE.md); shared memory
+  // still does for K above about 6,900 (8 staged rows of 4K bytes then
+  // exceed an SM's 227 KiB).
   using Policy = std::conditional_t<Dcp::compact && How == Compaction::stage,
                                     Kokkos::TeamPolicy<Space, MeasuredLaunchBounds<Space, Threads, 2048 / Threads>>,
                                     Kokkos::TeamPolicy<Space>>;

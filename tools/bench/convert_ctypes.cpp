@@ -59,13 +59,19 @@ void sparse_mla_ctypes_finalize() {
 // Returns 0, a CUDA error code, or -1 for a stream first seen during a
 // capture (call once outside the capture first).
 // With dcp_size > 1 the DCP filter-and-convert of SPEC section 2a (rank
-// dcp_rank, dcp_interleave, compacted when dcp_compact is not 0).
+// dcp_rank, dcp_interleave, compacted when dcp_compact is not 0); -2 for a
+// split the library's entry point refuses (this one calls the kernel
+// directly, so it checks the split itself).
 int sparse_mla_ctypes_convert_dcp(void* stream, const std::int32_t* req_id, const std::int32_t* block_table,
                                   std::int64_t block_table_stride, std::int32_t blocks_per_request,
                                   const std::int32_t* logical, std::int32_t* physical, std::int32_t* valid_counts,
                                   std::int64_t num_tokens, std::int32_t num_topk, std::int32_t block_size,
                                   std::int32_t dcp_size, std::int32_t dcp_rank, std::int32_t dcp_interleave,
                                   std::int32_t dcp_compact) {
+  if (dcp_size < 1 || (dcp_size > 1 && (dcp_rank < 0 || dcp_rank >= dcp_size || dcp_interleave <= 0 ||
+                                        block_size % dcp_interleave != 0))) {
+    return -2;
+  }
   auto native = static_cast<cudaStream_t>(stream);
   auto found = instances().find(native);
   if (found == instances().end()) {
