@@ -44,6 +44,7 @@ struct BenchOptions {
   std::size_t memory_mib = 0;  // 0: a quarter of the device memory (2048 when unknown), or 512 with --quick
   std::uint64_t seed = 20260101;
   DcpConfig dcp;
+  std::vector<std::int64_t> tokens;  // --tokens: the conversion cases' token counts (empty: the defaults)
 };
 
 struct Settings {
@@ -166,6 +167,7 @@ int run_bench(const BenchOptions& o) {
   config.seed = o.seed;
   check_dcp_options(o.dcp, TopkInputs::block_size, "bench");
   config.dcp = o.dcp;
+  config.convert_tokens = o.tokens;
   config.copy_bytes = std::min(s.run.rotate_bytes, s.run.memory_budget / 2);
   const std::vector<CaseSpec> cases = select_cases(o, config);
   if (o.list) {
@@ -220,6 +222,9 @@ void add_bench(CLI::App& app, Commands& commands) {
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24));
   bench->add_option("--seed", options->seed, "Seed of the generated inputs")->capture_default_str();
   add_dcp_options(*bench, options->dcp, "Conversion cases: ");
+  bench->add_option("--tokens", options->tokens,
+                    "Conversion cases: the token counts T to time (default 1 256 1024 32768, --quick 1 256 1024 4096)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
   bench->callback([&commands, options] { commands.run = [options] { return run_bench(*options); }; });
 }
 

@@ -81,6 +81,7 @@ struct BenchConfig {
   std::uint64_t seed = 0;
   std::size_t copy_bytes = 0;  // size of the copy-ceiling buffers
   DcpConfig dcp;               // --dcp-*: the DCP conversion cases (convert-dcp/...) when dcp.size > 1
+  std::vector<std::int64_t> convert_tokens;  // --tokens: the conversion cases' token counts (empty: the defaults)
 };
 
 // The cases, in the order they run; each family lives in its own file.

@@ -92,7 +92,12 @@ class ConvertCase final : public BenchCase {
 void add_convert_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
   // --quick keeps the decode shapes and shrinks the large batch, so a host run
   // takes seconds.
-  const std::vector<std::int64_t> token_counts = {1, 256, 1024, config.quick ? 4096 : 32768};
+  // --tokens: the counts given, each once, in the order given.
+  std::vector<std::int64_t> token_counts;
+  for (const std::int64_t T : config.convert_tokens) {
+    if (std::find(token_counts.begin(), token_counts.end(), T) == token_counts.end()) token_counts.push_back(T);
+  }
+  if (token_counts.empty()) token_counts = {1, 256, 1024, config.quick ? 4096 : 32768};
   for (const std::int64_t T : token_counts) {
     const std::uint64_t seed = config.seed + static_cast<std::uint64_t>(T);
     cases.push_back({"convert/T=" + std::to_string(T), "T=" + std::to_string(T) + ", K=" + std::to_string(K),
