@@ -7,19 +7,27 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/error.hpp"
 
 namespace sparse_mla::testing {
 
+// The parameter is a backend's name, optionally followed by "+variant" for a
+// suite that runs each backend more than one way (variant() names the way).
 class BackendTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    const std::string reason = backend_unavailable_reason(GetParam());
-    if (!reason.empty()) GTEST_SKIP() << GetParam() << ": " << reason;
-    device = open_device(GetParam());
-    if (!device->has_kernels()) GTEST_SKIP() << GetParam() << ": this build has no kernels for this backend";
+    const std::string reason = backend_unavailable_reason(backend());
+    if (!reason.empty()) GTEST_SKIP() << backend() << ": " << reason;
+    device = open_device(backend());
+    if (!device->has_kernels()) GTEST_SKIP() << backend() << ": this build has no kernels for this backend";
+  }
+  std::string backend() const { return GetParam().substr(0, GetParam().find('+')); }
+  std::string variant() const {
+    const auto plus = GetParam().find('+');
+    return plus == std::string::npos ? std::string() : GetParam().substr(plus + 1);
   }
   std::shared_ptr<Device> device;
 };
@@ -41,7 +49,18 @@ class GraphBackendTest : public BackendTest {
   }
 };
 
-inline std::string backend_param_name(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
+inline std::string backend_param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  for (char& c : name) c = c == '+' ? '_' : c;
+  return name;
+}
+
+// Every compiled backend's name followed by "+variant".
+inline std::vector<std::string> backends_with(const std::string& variant) {
+  std::vector<std::string> out;
+  for (const std::string& b : ::sparse_mla::compiled_backends()) out.push_back(b + "+" + variant);
+  return out;
+}
 
 }  // namespace sparse_mla::testing
 

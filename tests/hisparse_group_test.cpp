@@ -19,6 +19,7 @@
 #include "validation/reference/hisparse_reference.hpp"
 #include "sparse_mla/error.hpp"
 #include "sparse_mla/hisparse_group.hpp"
+#include "sparse_mla/hisparse_ops.hpp"
 #include "sparse_mla/index_group_builder.hpp"
 #include "sparse_mla/host_debug.hpp"
 #include "sparse_mla/topk_convert.hpp"
@@ -130,7 +131,8 @@ TEST_P(HiSparseGroupTest, FootprintCountsHostPoolsHotCachesAndState) {
   const HiSparseConfig c = g.config();
   const std::uint64_t rows_bytes = 656 + 1152;
   const std::uint64_t hot_rows = std::uint64_t(c.max_requests) * (H / block_size) * c.attention_block_stride;
-  const std::uint64_t state = std::uint64_t(c.max_requests) * H * (4 + 2) + std::uint64_t(c.max_requests) * (H / block_size) * 4;
+  const std::uint64_t state = std::uint64_t(c.max_requests) * H * (4 + 2) + std::uint64_t(c.max_requests) * (H / block_size) * 4 +
+                              std::uint64_t(c.max_requests) * std::uint64_t(hisparse_slot_map_words(H)) * 4;  // + the slot map
   const std::uint64_t workspaces = 9 * K * 4 * 5 + 9 * 4 * 2 + 16;  // 4 resolve arrays + physical, 2 count rows, counters
   const HiSparseFootprint f = g.footprint();
   EXPECT_EQ(f.host_bytes, std::uint64_t(c.host_pool_rows) * rows_bytes);

@@ -23,8 +23,14 @@ using reference::HiSparseState;
 using reference::HiSparseStep;
 using reference::HiSparseTables;
 
-class HiSparseResolveTest : public BackendTest {};
+// Every test runs twice on each backend: searching the slots (Backends), and
+// with a slot map kept beside them (SlotMap), which must give the same results.
+class HiSparseResolveTest : public BackendTest {
+ protected:
+  bool slot_map() const { return variant() == "slot_map"; }
+};
 SPARSE_MLA_INSTANTIATE_BACKENDS(HiSparseResolveTest);
+INSTANTIATE_TEST_SUITE_P(SlotMap, HiSparseResolveTest, ::testing::ValuesIn(backends_with("slot_map")), backend_param_name);
 
 struct Shape {
   std::int32_t top_k = 64, hot_slots = 128, requests = 4, blocks = 16, block_size = 16;
@@ -143,6 +149,12 @@ void expect_same_state(const HiSparseState& got, const HiSparseState& want) {
   EXPECT_EQ(got.lru, want.lru);
 }
 
+// The rig's state equals the model's, and its slot map (if any) agrees with it.
+void expect_state(HiSparseRig& rig, const HiSparseState& want) {
+  expect_same_state(rig.state(), want);
+  rig.expect_slot_map_matches_slots();
+}
+
 // Nothing lost: every occupied slot of every state row holds its host row's bytes.
 void expect_slots_hold_host_rows(HiSparseRig& rig, const HiSparseState& state) {
   const auto cache = rig.hot_cache_bytes();
@@ -179,7 +191,7 @@ TEST_P(HiSparseResolveTest, ColdResolveLoadsKRowsAndPutsThemLast) {
   shape.requests = 1;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(1, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, 1, 656, hot_cache_blocks(t, 1), rng);
+  HiSparseRig rig(*device, *stream, t, state, 1, 656, hot_cache_blocks(t, 1), rng, slot_map());
   // K distinct valid positions (the first blocks of the request hold real pool rows).
   std::vector<std::int32_t> selection = iota_vec(t.top_k, 3);
   std::shuffle(selection.begin(), selection.end(), rng);
@@ -187,7 +199,7 @@ TEST_P(HiSparseResolveTest, ColdResolveLoadsKRowsAndPutsThemLast) {
   const HiSparseResult got = rig.run(step);
   const HiSparseResult want = reference::resolve_model(t, step, state);
   expect_same(got, want, t.top_k);
-  expect_same_state(rig.state(), state);
+  expect_state(rig, state);
 
   ASSERT_EQ(got.swap_counts[0], t.top_k);
   EXPECT_EQ(got.valid_counts[0], t.top_k);
@@ -210,7 +222,7 @@ TEST_P(HiSparseResolveTest, ReplayingTheSameSelectionIsAllHitsAndChangesNothing)
   Shape shape;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 64, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 64, hot_cache_blocks(t, shape.states), rng, slot_map());
   std::vector<std::vector<std::int32_t>> selections;
   for (std::int32_t b = 0; b < shape.requests; ++b) selections.push_back(next_selection(t, {}, 0, rng));
   const HiSparseStep step = make_step(t, iota_vec(shape.requests), iota_vec(shape.requests), selections);
@@ -227,7 +239,7 @@ TEST_P(HiSparseResolveTest, ReplayingTheSameSelectionIsAllHitsAndChangesNothing)
   EXPECT_EQ(again.hot_indices, first.hot_indices);
   for (std::int32_t b = 0; b < shape.requests; ++b) EXPECT_EQ(again.swap_counts[std::size_t(b)], 0);
   EXPECT_EQ(again.miss_mask, std::vector<std::int32_t>(again.miss_mask.size(), 0));
-  expect_same_state(rig.state(), loaded);  // the hits were already the most recent, in order
+  expect_state(rig, loaded);  // the hits were already the most recent, in order
   EXPECT_EQ(rig.hot_cache_bytes(), cache);
   const auto counters_after = rig.hit_miss_counters();
   EXPECT_EQ(counters_after[1], counters[1]);
@@ -263,7 +275,7 @@ void run_random_steps(HiSparseRig& rig, const Shape& shape, HiSparseState& state
     const HiSparseResult got = rig.run(step);
     const HiSparseResult want = reference::resolve_model(t, step, state);
     expect_same(got, want, t.top_k);
-    expect_same_state(rig.state(), state);
+    expect_state(rig, state);
     expect_slots_hold_host_rows(rig, state);
     hits += want.hits;
     misses += want.misses;
@@ -285,8 +297,73 @@ TEST_P(HiSparseResolveTest, RandomStepsWithEvictionsLoseNothing) {
   shape.blocks = 24;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 656, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 656, hot_cache_blocks(t, shape.states), rng, slot_map());
   run_random_steps(rig, shape, state, 12, rng, false);
+}
+
+// Many steps at little slack with a slot map: it fills up and is rebuilt
+// several times along the way, and still agrees with the model and with
+// slot_rows after every step.
+TEST_P(HiSparseResolveTest, ALongRunRebuildsTheSlotMapAndStaysExact) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(12);
+  auto stream = device->create_stream();
+  Shape shape;
+  shape.top_k = 48;
+  shape.hot_slots = 52;  // a map rebuilds once it has used 2H = 104 positions: every two or three steps
+  shape.requests = shape.states = 3;
+  shape.blocks = 12;
+  const HiSparseTables t = make_tables(shape, rng);
+  HiSparseState state(shape.states, t.hot_slots);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng, slot_map());
+  run_random_steps(rig, shape, state, 30, rng, true);
+}
+
+// A state that holds a host row in two slots (an engine can write one): the
+// slot map cannot name both, so such a row resolves exactly as it does
+// without the map, and its map stays marked for a rebuild.
+TEST_P(HiSparseResolveTest, AStateHoldingARowTwiceResolvesAsWithoutTheSlotMap) {
+  if (!slot_map()) GTEST_SKIP() << "compares the slot-map path with the search";
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(13);
+  auto stream = device->create_stream();
+  Shape shape;
+  shape.requests = shape.states = 2;
+  const HiSparseTables t = make_tables(shape, rng);
+  HiSparseState state(shape.states, t.hot_slots);
+  std::vector<std::vector<std::int32_t>> selections(2);
+  for (auto& sel : selections) sel = next_selection(t, {}, 0, rng);
+  reference::resolve_model(t, make_step(t, {0, 1}, {0, 1}, selections), state);
+  // State row 0: its first two occupied slots in LRU order both hold the first one's row.
+  std::vector<std::int32_t> occupied;
+  for (std::int32_t slot = 0; slot < t.hot_slots; ++slot) {
+    if (state.slot_rows[std::size_t(slot)] >= 0) occupied.push_back(slot);
+  }
+  ASSERT_GE(occupied.size(), 2u);
+  state.slot_rows[std::size_t(occupied[1])] = state.slot_rows[std::size_t(occupied[0])];
+  auto mapped_rng = rng, plain_rng = rng;
+  HiSparseRig mapped(*device, *stream, t, state, 2, 16, hot_cache_blocks(t, 2), mapped_rng, true);
+  HiSparseRig plain(*device, *stream, t, state, 2, 16, hot_cache_blocks(t, 2), plain_rng, false);
+  const std::int64_t words = hisparse_slot_map_words(t.hot_slots);
+  for (int step_index = 0; step_index < 4; ++step_index) {
+    SCOPED_TRACE("step " + std::to_string(step_index));
+    // The first step selects everything again (both copies hit), later ones about half.
+    for (auto& sel : selections) sel = next_selection(t, sel, step_index == 0 ? 1.0 : 0.5, rng);
+    const HiSparseStep step = make_step(t, {0, 1}, {0, 1}, selections);
+    const HiSparseResult got = mapped.run(step);
+    const HiSparseResult want = plain.run(step);
+    expect_same(got, want, t.top_k);
+    const HiSparseState now = plain.state();
+    expect_same_state(mapped.state(), now);
+    mapped.expect_slot_map_matches_slots();
+    const auto map = download<std::int32_t>(*device, *stream, mapped.slot_map.buffer, std::size_t(2 * words));
+    const auto first = now.slot_rows.begin();
+    const bool twice = std::count(first, first + t.hot_slots, state.slot_rows[std::size_t(occupied[0])]) == 2;
+    if (twice) {
+      EXPECT_EQ(map[0], -1) << "state row 0 still holds a row twice";
+    }
+    EXPECT_GE(map[std::size_t(words)], 0) << "state row 1 holds no row twice and keeps its map";
+  }
 }
 
 TEST_P(HiSparseResolveTest, HotTableByStateRowMatchesTheTableByBatchRow) {
@@ -298,7 +375,7 @@ TEST_P(HiSparseResolveTest, HotTableByStateRowMatchesTheTableByBatchRow) {
   shape.requests = shape.states = 6;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng, slot_map());
   std::vector<std::int32_t> by_state;
   for (std::int32_t s = 0; s < shape.states; ++s) {
     const auto blocks = hot_blocks_of_state(t, s);
@@ -316,7 +393,7 @@ TEST_P(HiSparseResolveTest, ResidentPagesBypassTheLru) {
   shape.resident = true;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng, slot_map());
   run_random_steps(rig, shape, state, 6, rng, false);
 
   // A row that selects only resident positions (and -1): outputs the
@@ -335,7 +412,7 @@ TEST_P(HiSparseResolveTest, ResidentPagesBypassTheLru) {
   EXPECT_EQ(got.swap_counts[0], 0);
   EXPECT_EQ(got.valid_counts[0], std::int32_t(n));
   for (std::size_t j = 0; j < n; ++j) EXPECT_EQ(got.hot_indices[j], reference::model_resident_row(t, 1, selection[j]));
-  expect_same_state(rig.state(), before);
+  expect_state(rig, before);
 }
 
 TEST_P(HiSparseResolveTest, PaddingRowsOutputMinusOneAndLeaveStateAlone) {
@@ -345,7 +422,7 @@ TEST_P(HiSparseResolveTest, PaddingRowsOutputMinusOneAndLeaveStateAlone) {
   Shape shape;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 48, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 48, hot_cache_blocks(t, shape.states), rng, slot_map());
   run_random_steps(rig, shape, state, 2, rng, false);
   const HiSparseState before = rig.state();
   std::vector<std::vector<std::int32_t>> selections;
@@ -360,7 +437,7 @@ TEST_P(HiSparseResolveTest, PaddingRowsOutputMinusOneAndLeaveStateAlone) {
   EXPECT_EQ(got.resolved_rows, std::vector<std::int32_t>(got.hot_indices.size(), -1));
   EXPECT_EQ(got.valid_counts, (std::vector<std::int32_t>{0, 0, 0}));
   EXPECT_EQ(got.swap_counts, (std::vector<std::int32_t>{0, 0, 0}));
-  expect_same_state(rig.state(), before);
+  expect_state(rig, before);
 }
 
 TEST_P(HiSparseResolveTest, DuplicatesInOneSelectionCollapse) {
@@ -371,7 +448,7 @@ TEST_P(HiSparseResolveTest, DuplicatesInOneSelectionCollapse) {
   shape.hot_slots = 96;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
 
   // Every position twice: K / 2 distinct rows, one slot each, one swap each.
   std::vector<std::int32_t> half = iota_vec(t.top_k / 2, 1);
@@ -382,7 +459,7 @@ TEST_P(HiSparseResolveTest, DuplicatesInOneSelectionCollapse) {
   const HiSparseResult got = rig.run(step);
   const HiSparseResult want = reference::resolve_model(t, step, state);
   expect_same(got, want, t.top_k);
-  expect_same_state(rig.state(), state);
+  expect_state(rig, state);
   EXPECT_EQ(got.swap_counts[0], t.top_k / 2);
   EXPECT_EQ(got.valid_counts[0], t.top_k);
   for (std::int32_t i = 0; i < t.top_k; ++i) {
@@ -405,7 +482,7 @@ TEST_P(HiSparseResolveTest, RowsOutsideThePoolResolveToMinusOne) {
   Shape shape;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
   // Request 0's last block is -1, request 1's last block is past the pool,
   // and positions past the table, negative ones and a request id outside the
   // table give no host row either.
@@ -418,7 +495,7 @@ TEST_P(HiSparseResolveTest, RowsOutsideThePoolResolveToMinusOne) {
   const HiSparseResult got = rig.run(step);
   const HiSparseResult want = reference::resolve_model(t, step, state);
   expect_same(got, want, t.top_k);
-  expect_same_state(rig.state(), state);
+  expect_state(rig, state);
   EXPECT_EQ(got.valid_counts, (std::vector<std::int32_t>{1, 1, 0}));
   EXPECT_EQ(got.swap_counts, (std::vector<std::int32_t>{1, 1, 0}));
   for (std::size_t j = 0; j < std::size_t(t.top_k); ++j) {
@@ -467,7 +544,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtProductionWidth) {
   shape.resident = true;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
   run_random_steps(rig, shape, state, 3, rng, true);
 }
 
@@ -486,7 +563,7 @@ TEST_P(HiSparseResolveTest, BlockSizesThatAreNotPowersOfTwo) {
   t.hot_blocks_per_row = (t.hot_slots + t.hot_block_size - 1) / t.hot_block_size;
   t.attention_block_stride = 40;
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
   run_random_steps(rig, shape, state, 6, rng, true);
 }
 
@@ -513,7 +590,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelWithTheLargestSlotIds) {
       state.lru[std::size_t(s) * t.hot_slots + p] = static_cast<std::int16_t>(t.hot_slots - 1 - p);
     }
   }
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
   // A cold step, then the same selections again: every slot it loaded,
   // 32767 first, is a hit.
   const std::vector<std::vector<std::int32_t>> selections{next_selection(t, {}, 0, rng), next_selection(t, {}, 0, rng)};
@@ -522,7 +599,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelWithTheLargestSlotIds) {
     const HiSparseResult got = rig.run(step);
     const HiSparseResult want = reference::resolve_model(t, step, state);
     expect_same(got, want, t.top_k);
-    expect_same_state(rig.state(), state);
+    expect_state(rig, state);
     if (pass == 1) {
       EXPECT_EQ(want.misses, 0u);
     }
@@ -548,7 +625,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtTheLargestTopK) {
   const HiSparseTables t = make_tables(shape, rng);
   const std::int32_t K = t.top_k;
   HiSparseState state(1, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, 1, 16, hot_cache_blocks(t, 1), rng);
+  HiSparseRig rig(*device, *stream, t, state, 1, 16, hot_cache_blocks(t, 1), rng, slot_map());
 
   // Positions [0, K) are all in the pool: entry m is the m-th miss and takes
   // slot m (a cold LRU is 0 .. H - 1), and with K = H the LRU stays as it is.
@@ -570,7 +647,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtTheLargestTopK) {
     ASSERT_EQ(got.swap_device_rows[std::size_t(m)], x) << m;
     state.slot_rows[std::size_t(m)] = g;
   }
-  expect_same_state(rig.state(), state);
+  expect_state(rig, state);
 
   std::vector<std::int32_t> rows(cold.begin(), cold.begin() + 1024);
   for (std::int32_t i = 0; i < 1024; ++i) rows.push_back(K + static_cast<std::int32_t>(rng() % std::uint64_t(K)));
@@ -580,7 +657,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtTheLargestTopK) {
   const HiSparseResult got2 = rig.run(second);
   const HiSparseResult want2 = reference::resolve_model(t, second, state);
   expect_same(got2, want2, K);
-  expect_same_state(rig.state(), state);
+  expect_state(rig, state);
   EXPECT_GT(want2.hits, 0u);
   EXPECT_GT(want2.misses, 0u);
   expect_slots_hold_host_rows(rig, state);
@@ -593,7 +670,7 @@ TEST_P(HiSparseResolveTest, RejectedCallsNameTheArgumentAndWriteNothing) {
   Shape shape;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
   std::vector<std::vector<std::int32_t>> selections(4, next_selection(t, {}, 0, rng));
   const HiSparseStep step = make_step(t, iota_vec(4), iota_vec(4), selections);
   const auto logical = device_tensor(*device, *stream, step.logical, {4, t.top_k});
@@ -603,7 +680,7 @@ TEST_P(HiSparseResolveTest, RejectedCallsNameTheArgumentAndWriteNothing) {
   const auto short_table = device_tensor(*device, *stream, std::vector<std::int32_t>(4, 1), {4, 1});
   const auto lru16 = device_tensor(*device, *stream, std::vector<std::int32_t>(std::size_t(4 * t.hot_slots), 0), {4, t.hot_slots});
   rig.poison_outputs();
-  const HiSparseSlotState slots{rig.slot_rows.tensor, rig.lru.tensor};
+  const HiSparseSlotState slots = rig.slot_state();
   const auto expect_error = [&](const char* fragment, auto call) {
     try {
       call();
@@ -615,7 +692,11 @@ TEST_P(HiSparseResolveTest, RejectedCallsNameTheArgumentAndWriteNothing) {
   expect_error("hot_slots must be in [K", [&] { resolve_hisparse(*stream, rig.inputs(logical, ids, states, hot_table), slots, t.top_k - 1, rig.outputs()); });
   expect_error("hot_block_table has shape [4, 1]", [&] { resolve_hisparse(*stream, rig.inputs(logical, ids, states, short_table), slots, t.hot_slots, rig.outputs()); });
   expect_error("lru has dtype I32", [&] {
-    resolve_hisparse(*stream, rig.inputs(logical, ids, states, hot_table), HiSparseSlotState{rig.slot_rows.tensor, lru16.tensor}, t.hot_slots, rig.outputs());
+    resolve_hisparse(*stream, rig.inputs(logical, ids, states, hot_table), HiSparseSlotState{rig.slot_rows.tensor, lru16.tensor, {}}, t.hot_slots, rig.outputs());
+  });
+  const auto short_map = device_tensor(*device, *stream, std::vector<std::int32_t>(std::size_t(4 * 8), -1), {4, 8});
+  expect_error("slot_map has shape [4, 8]", [&] {
+    resolve_hisparse(*stream, rig.inputs(logical, ids, states, hot_table), HiSparseSlotState{rig.slot_rows.tensor, rig.lru.tensor, short_map.tensor}, t.hot_slots, rig.outputs());
   });
   HiSparseResolveOutputs narrow = rig.outputs();
   narrow.swap_counts = narrow.swap_counts.rows(0, 2);
@@ -629,7 +710,7 @@ TEST_P(HiSparseResolveTest, RejectedCallsNameTheArgumentAndWriteNothing) {
   EXPECT_EQ(download<std::int32_t>(*device, *stream, rig.hot_indices.buffer, std::size_t(4 * t.top_k)),
             std::vector<std::int32_t>(std::size_t(4 * t.top_k), poison_i32));
   EXPECT_EQ(download<std::int32_t>(*device, *stream, rig.swaps.buffer, 4), std::vector<std::int32_t>(4, poison_i32));
-  expect_same_state(rig.state(), state);
+  expect_state(rig, state);
 }
 
 }  // namespace

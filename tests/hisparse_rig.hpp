@@ -28,10 +28,15 @@ struct HiSparseRig {
   // When defined, the resolve reads this table by state row (hot_table_by_state)
   // instead of the step's table by batch row.
   DeviceTensor hot_table_by_state;
+  // With `with_slot_map`, the state carries a slot map (rebuilt after every set_state()).
+  bool with_slot_map;
+  DeviceTensor slot_map;
 
   HiSparseRig(Device& d, Stream& s, const reference::HiSparseTables& t, const reference::HiSparseState& state,
-              std::int32_t rows, std::int64_t bytes_per_row, std::int32_t hot_cache_blocks, std::mt19937_64& rng)
-      : device(d), stream(s), tables(t), max_rows(rows), row_bytes(bytes_per_row), hot_blocks(hot_cache_blocks) {
+              std::int32_t rows, std::int64_t bytes_per_row, std::int32_t hot_cache_blocks, std::mt19937_64& rng,
+              bool with_map = false)
+      : device(d), stream(s), tables(t), max_rows(rows), row_bytes(bytes_per_row), hot_blocks(hot_cache_blocks),
+        with_slot_map(with_map) {
     source = device_tensor(d, s, t.source_table, {t.source_rows, t.source_blocks});
     if (!t.resident_table.empty()) resident = device_tensor(d, s, t.resident_table, {t.resident_rows, t.resident_blocks});
     set_state(state);
@@ -52,6 +57,40 @@ struct HiSparseRig {
   void set_state(const reference::HiSparseState& state) {
     slot_rows = device_tensor(device, stream, state.slot_rows, {state.states(), state.hot_slots});
     lru = device_tensor(device, stream, state.lru, {state.states(), state.hot_slots});
+    if (with_slot_map) {
+      const std::int64_t words = hisparse_slot_map_words(state.hot_slots);
+      slot_map = device_tensor(device, stream, std::vector<std::int32_t>(std::size_t(state.states() * words), -1),
+                               {state.states(), words});
+    }
+  }
+  HiSparseSlotState slot_state() const { return HiSparseSlotState{slot_rows.tensor, lru.tensor, slot_map.tensor}; }
+
+  // The slot map after a step agrees with slot_rows: every occupied slot's
+  // position holds (its host row, the slot), no other entry is live, and the
+  // header counts at least the live entries.
+  void expect_slot_map_matches_slots() {
+    if (!with_slot_map) return;
+    const std::int32_t H = tables.hot_slots;
+    const std::int64_t words = hisparse_slot_map_words(H), first = hisparse_slot_map_entries(H);
+    const auto state_now = state();
+    const auto map = download<std::int32_t>(device, stream, slot_map.buffer, std::size_t(slot_map.tensor.numel()));
+    for (std::int32_t s = 0; s < state_now.states(); ++s) {
+      const std::int32_t* m = &map[std::size_t(s * words)];
+      if (m[0] < 0) continue;  // to be rebuilt (never resolved, or it held a row twice)
+      std::int32_t occupied = 0, live = 0;
+      for (std::int32_t slot = 0; slot < H; ++slot) {
+        const std::int32_t g = state_now.slot_rows[std::size_t(s) * H + slot];
+        const std::int32_t p = m[4 + slot];
+        if (g < 0) continue;
+        ++occupied;
+        ASSERT_GE(p, 0) << "state " << s << " slot " << slot << " holds host row " << g << " but has no map entry";
+        EXPECT_EQ(m[first + 2 * p], g) << "state " << s << " slot " << slot;
+        EXPECT_EQ(m[first + 2 * p + 1], slot) << "state " << s << " slot " << slot;
+      }
+      for (std::int64_t p = 0; p < 4 * std::int64_t(H); ++p) live += m[first + 2 * p] >= 0 ? 1 : 0;
+      EXPECT_EQ(live, occupied) << "state " << s << ": live map entries beside occupied slots";
+      EXPECT_GE(m[0], live) << "state " << s << ": the header counts fewer positions than are live";
+    }
   }
 
   reference::HiSparseState state() {
@@ -117,7 +156,7 @@ struct HiSparseRig {
       in.hot_block_table = hot_table_by_state.tensor;
       in.hot_table_by_state = true;
     }
-    resolve_hisparse(stream, in, HiSparseSlotState{slot_rows.tensor, lru.tensor}, tables.hot_slots, outputs());
+    resolve_hisparse(stream, in, slot_state(), tables.hot_slots, outputs());
     gather_hisparse(stream,
                     HiSparseGatherTensors{host_pool.tensor, hot_cache.tensor, swap_host.tensor, swap_device.tensor, swaps.tensor},
                     T);

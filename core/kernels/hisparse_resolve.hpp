@@ -110,15 +110,22 @@ KOKKOS_INLINE_FUNCTION std::int32_t hash_position(std::int32_t key, std::int32_t
   return static_cast<std::int32_t>((static_cast<std::uint64_t>(mixed) * static_cast<std::uint32_t>(size)) >> 32);
 }
 
+// Bytes of hit flags for H slots (one bit a slot, S = slots_per_group bits a
+// byte), a whole number of 32-bit words so that the slot-map path can set
+// them with word atomics.
+KOKKOS_INLINE_FUNCTION std::int32_t hit_flag_bytes(std::int32_t hot_slots) {
+  return groups(groups(hot_slots, slots_per_group), 4) * 4;
+}
+
 // The team's scratch arrays, carved from one allocation.
 struct ResolveScratch {
   std::uint32_t* words;      // [set_positions(K)]: the hash set, 16-byte aligned
   std::uint32_t* totals;     // [team_total_words]: per-group partial sums (device::team_exclusive_sum)
-  std::int32_t* host_rows;   // [K]: host row of entry j when it needs a slot, else done
+  std::int32_t* host_rows;   // [K]: host row of entry j when it needs a slot, else done (or hit_of(slot))
   std::int32_t* hot_blocks;  // [cached]: the row's hot block table, or unused (cached = 0)
+  std::uint8_t* hit_flags;   // [hit_flag_bytes(H)]: bit s % S of byte s / S is set when slot s is a hit (S slots a group)
   std::uint16_t* position;   // [K]: hash position of entry j (entries that need a slot)
   std::int16_t* lru;         // [H]: the new LRU order (pass 4); pass 3 copies the old one here
-  std::uint8_t* hit_flags;   // [ceil(H / 4)]: bit s % S of byte s / S is set when slot s is a hit (S slots a group)
   std::uint8_t* miss_flags;  // [ceil(K / 2)]: pass 4, bit u of byte i: entry E * i + u gives its key a miss number
 
   // Hot block table entries cached per row: all of the row's, or 0.
@@ -129,7 +136,7 @@ struct ResolveScratch {
   KOKKOS_INLINE_FUNCTION static std::size_t bytes(std::int32_t top_k, std::int32_t hot_slots, std::int32_t cached) {
     const std::size_t k = static_cast<std::size_t>(top_k), h = static_cast<std::size_t>(hot_slots);
     return 4 * (static_cast<std::size_t>(set_positions(top_k)) + k + static_cast<std::size_t>(team_total_words + cached)) +
-           2 * (k + h) + (h + slots_per_group - 1) / slots_per_group + (k + entries_per_group - 1) / entries_per_group;
+           static_cast<std::size_t>(hit_flag_bytes(hot_slots)) + 2 * (k + h) + (k + entries_per_group - 1) / entries_per_group;
   }
   KOKKOS_INLINE_FUNCTION static ResolveScratch carve(void* base, std::int32_t top_k, std::int32_t hot_slots,
                                                      std::int32_t cached) {
@@ -138,12 +145,39 @@ struct ResolveScratch {
     s.totals = s.words + set_positions(top_k);
     s.host_rows = reinterpret_cast<std::int32_t*>(s.totals + team_total_words);
     s.hot_blocks = s.host_rows + top_k;
-    s.position = reinterpret_cast<std::uint16_t*>(s.hot_blocks + cached);
+    s.hit_flags = reinterpret_cast<std::uint8_t*>(s.hot_blocks + cached);
+    s.position = reinterpret_cast<std::uint16_t*>(s.hit_flags + hit_flag_bytes(hot_slots));
     s.lru = reinterpret_cast<std::int16_t*>(s.position + top_k);
-    s.hit_flags = reinterpret_cast<std::uint8_t*>(s.lru + hot_slots);
-    s.miss_flags = s.hit_flags + groups(hot_slots, slots_per_group);
+    s.miss_flags = reinterpret_cast<std::uint8_t*>(s.lru + hot_slots);
     return s;
   }
+};
+
+// With a slot map, pass 1 finds each entry's slot there, and an entry whose
+// host row a slot holds (a hit) keeps that slot in host_rows as hit_of(slot)
+// (<= -2): only the misses go into the set.
+KOKKOS_INLINE_FUNCTION std::int32_t hit_of(std::int32_t slot) { return -2 - slot; }
+KOKKOS_INLINE_FUNCTION std::int32_t slot_of_hit(std::int32_t host_row) { return -2 - host_row; }
+
+// Slot map entries (sparse_mla/hisparse_ops.hpp gives the layout): the host
+// row in the low word, the slot in the high. A lookup walks buckets of four
+// entries (32 bytes, two 16-byte loads) from the key's hash bucket and ends at
+// the key or at a never-used entry; removed entries keep the walk going and
+// are reused by inserts.
+constexpr std::uint64_t map_never_used = ~std::uint64_t{0};                       // host row -1
+constexpr std::uint64_t map_removed = (map_never_used << 32) | 0xFFFFFFFEu;      // host row -2
+constexpr std::int32_t map_bucket = 4;
+KOKKOS_INLINE_FUNCTION std::uint64_t map_entry(std::int32_t host_row, std::int32_t slot) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(slot)) << 32) | static_cast<std::uint32_t>(host_row);
+}
+KOKKOS_INLINE_FUNCTION std::int32_t map_key(std::uint64_t e) { return static_cast<std::int32_t>(static_cast<std::uint32_t>(e)); }
+KOKKOS_INLINE_FUNCTION std::int32_t map_slot(std::uint64_t e) { return static_cast<std::int32_t>(e >> 32); }
+
+// The slot map of one state row.
+struct SlotMap {
+  std::int32_t* header;         // [0]: positions used since the last rebuild (from above), -1: rebuild
+  std::int32_t* slot_position;  // [H]: the position of each slot's entry, -1 none
+  std::uint64_t* entries;       // [4H], 16-byte aligned
 };
 
 }  // namespace hisparse
@@ -274,6 +308,132 @@ struct HiSparseResolve {
     }
   }
 
+  // ---- The slot map (a.slot_map): host row -> hot slot, kept across steps ----
+
+  KOKKOS_INLINE_FUNCTION hisparse::SlotMap slot_map(std::int64_t state_row) const {
+    std::int32_t* base = a.slot_map + state_row * a.slot_map_stride;
+    return {base, base + 4, reinterpret_cast<std::uint64_t*>(base + hisparse_slot_map_entries(hot_slots()))};
+  }
+  // 4H positions in H buckets; a map is rebuilt before a step once more than
+  // 2H positions have been used, so a step (at most K <= H inserts) always
+  // leaves never-used entries, which end every lookup.
+  KOKKOS_INLINE_FUNCTION std::int32_t map_positions() const { return 4 * hot_slots(); }
+  KOKKOS_INLINE_FUNCTION std::int32_t map_used_limit() const { return 2 * hot_slots(); }
+  KOKKOS_INLINE_FUNCTION std::int32_t map_first(std::int32_t key) const {
+    return hisparse::hash_position(key, map_positions() / hisparse::map_bucket) * hisparse::map_bucket;
+  }
+  KOKKOS_INLINE_FUNCTION std::int32_t map_next(std::int32_t b) const {
+    return b + hisparse::map_bucket == map_positions() ? 0 : b + hisparse::map_bucket;
+  }
+  KOKKOS_INLINE_FUNCTION static void load_map_bucket(const std::uint64_t* at, std::uint64_t (&e)[hisparse::map_bucket]) {
+    const Int4 lo = reinterpret_cast<const Int4*>(at)[0], hi = reinterpret_cast<const Int4*>(at)[1];
+    const auto pair = [](std::int32_t low, std::int32_t high) {
+      return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(high)) << 32) | static_cast<std::uint32_t>(low);
+    };
+    e[0] = pair(lo.x, lo.y);
+    e[1] = pair(lo.z, lo.w);
+    e[2] = pair(hi.x, hi.y);
+    e[3] = pair(hi.z, hi.w);
+  }
+
+  // The slots holding N host rows (g[u] < 0: none), looked up together, one
+  // bucket of each per round; slot[u] -1 when no slot holds g[u].
+  template <int N>
+  KOKKOS_INLINE_FUNCTION void find_in_map(const hisparse::SlotMap& m, const std::int32_t (&g)[N],
+                                          std::int32_t (&slot)[N]) const {
+    bool open[N];
+    std::int32_t b[N];
+    bool any = false;
+    for (int u = 0; u < N; ++u) {
+      slot[u] = -1;
+      open[u] = g[u] >= 0;
+      b[u] = open[u] ? map_first(g[u]) : 0;
+      any = any || open[u];
+    }
+    while (any) {
+      any = false;
+      std::uint64_t e[N][hisparse::map_bucket];
+      for (int u = 0; u < N; ++u) {
+        if (open[u]) load_map_bucket(m.entries + b[u], e[u]);
+      }
+      for (int u = 0; u < N; ++u) {
+        if (!open[u]) continue;
+        bool done = false;
+        for (int i = 0; i < hisparse::map_bucket; ++i) {
+          const std::int32_t key = hisparse::map_key(e[u][i]);
+          if (key == g[u]) {
+            slot[u] = hisparse::map_slot(e[u][i]);
+            done = true;
+          } else if (key == -1) {
+            done = true;
+          }
+          if (done) break;
+        }
+        if (done) {
+          open[u] = false;
+        } else {
+          b[u] = map_next(b[u]);
+          any = true;
+        }
+      }
+    }
+  }
+
+  // Enters host row g >= 0 as held by `slot` at the first never-used or
+  // removed entry of its walk, and returns that position; when the walk meets
+  // g first (a state that holds g in two slots) it sets `duplicate` and
+  // returns g's position. An entry seen free may be taken by another thread
+  // before the compare-and-swap, which then reports what that thread stored.
+  KOKKOS_INLINE_FUNCTION std::int32_t insert_in_map(const hisparse::SlotMap& m, std::int32_t g, std::int32_t slot,
+                                                    bool& duplicate) const {
+    const std::uint64_t mine = hisparse::map_entry(g, slot);
+    for (std::int32_t b = map_first(g);; b = map_next(b)) {
+      std::uint64_t e[hisparse::map_bucket];
+      load_map_bucket(m.entries + b, e);
+      for (int i = 0; i < hisparse::map_bucket; ++i) {
+        std::uint64_t seen = e[i];
+        while (hisparse::map_key(seen) < 0) {
+          const std::uint64_t was = device::atomic_cas(m.entries + b + i, seen, mine);
+          if (was == seen) return b + i;
+          seen = was;
+        }
+        if (hisparse::map_key(seen) == g) {
+          duplicate = true;
+          return b + i;
+        }
+      }
+    }
+  }
+
+  // Rebuilds the map from slot_rows (the first step of a state, or once the
+  // map has used more than map_used_limit() positions). Returns this thread's
+  // counts: slots entered in the low half, slots whose host row another slot
+  // already holds in the high (then the row takes the path without the map).
+  KOKKOS_INLINE_FUNCTION std::uint32_t rebuild_map(const member_type& team, const hisparse::SlotMap& m,
+                                                   const std::int32_t* slot_rows) const {
+    const std::int32_t H = hot_slots();
+    const Int4 never_used{-1, -1, -1, -1};  // two entries
+    Int4* units = reinterpret_cast<Int4*>(m.entries);
+    for (std::int32_t i = team.team_rank(); i < map_positions() / 2; i += threads(team)) units[i] = never_used;
+    team.team_barrier();
+    std::uint32_t counts = 0;
+    for (std::int32_t first = team.team_rank() * S; first < H; first += threads(team) * S) {
+      std::int32_t g[S];
+      for (int u = 0; u < S; ++u) g[u] = first + u < H ? slot_rows[first + u] : -1;
+      for (int u = 0; u < S && first + u < H; ++u) {
+        std::int32_t position = -1;
+        if (g[u] >= 0) {
+          bool duplicate = false;
+          position = insert_in_map(m, g[u], first + u, duplicate);
+          counts += duplicate ? high_count : 1u;
+          if (duplicate) position = -1;
+        }
+        m.slot_position[first + u] = position;
+      }
+    }
+    return counts;
+  }
+
   // Probes N host rows together, one bucket of each per round, so that their
   // scratch loads overlap. at_bucket(u, b, k) looks at the bucket at b (its
   // words and keys k) of key u and returns true when key u is done there;
@@ -388,7 +548,8 @@ struct HiSparseResolve {
   KOKKOS_INLINE_FUNCTION std::uint32_t map_entries(const member_type& team, const hisparse::ResolveScratch& s,
                                                    std::int64_t row, std::int32_t request, std::int64_t hot_table_row,
                                                    std::int32_t cached, const std::int32_t* slot_rows,
-                                                   const std::int16_t* lru, bool prefetch) const {
+                                                   const std::int16_t* lru, bool prefetch,
+                                                   const hisparse::SlotMap* map) const {
     const std::int32_t* in = a.logical + row * a.logical_stride;
     const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
     const std::int32_t* source_table = source_table_row(request);
@@ -402,15 +563,18 @@ struct HiSparseResolve {
         const std::int32_t j = i + u * G;
         tok[u] = j < K ? in[j] : -1;
       }
-      // While the loads are in flight: clear the set, copy the hot block table.
+      // While the loads are in flight: clear the set and the hit flags, copy
+      // the hot block table.
       for (std::int32_t h = i; h < hash_size(); h += G) s.words[h] = hisparse::empty_word;
+      std::uint32_t* hit_words = reinterpret_cast<std::uint32_t*>(s.hit_flags);
+      for (std::int32_t w = i; w < hisparse::hit_flag_bytes(hot_slots()) / 4; w += G) hit_words[w] = 0;
       // Pass 3 reads these two barriers from now: bring them to this SM's L1
       // while the table loads are in flight (after the entry loads, which
       // must not wait for the state). A hint where the device has one
       // (device::prefetch_l1), nothing elsewhere.
       if (prefetch) {
         for (std::int32_t k = i; k < slot_groups(); k += G) {
-          device::prefetch_l1(slot_rows + k * S);
+          if (map == nullptr) device::prefetch_l1(slot_rows + k * S);
           device::prefetch_l1(lru + k * S);
         }
       }
@@ -430,6 +594,15 @@ struct HiSparseResolve {
         g[u] = host_row(g[u], tok[u]);
         resident[u] = resident_row(resident[u], tok[u]);
       }
+      // With a slot map: the slot of every entry that needs one, if a slot holds its row.
+      std::int32_t hit_slot[E];
+      if (map != nullptr) {
+        std::int32_t wanted[E];
+        for (int u = 0; u < E; ++u) wanted[u] = resident[u] < 0 ? g[u] : -1;
+        find_in_map(*map, wanted, hit_slot);
+      } else {
+        for (int u = 0; u < E; ++u) hit_slot[u] = -1;
+      }
       for (int u = 0; u < E; ++u) {
         const std::int32_t j = i + u * G;
         if (j >= K) break;
@@ -439,7 +612,7 @@ struct HiSparseResolve {
           store(row, j, resident[u]);
           if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 0;
         }
-        s.host_rows[j] = pending ? g[u] : hisparse::done;
+        s.host_rows[j] = !pending ? hisparse::done : hit_slot[u] >= 0 ? hisparse::hit_of(hit_slot[u]) : g[u];
         s.position[j] = 0;  // pass 2 sets it for pending entries
         counts += (resident[u] >= 0 || g[u] >= 0 ? 1u : 0u) + (pending ? high_count : 0u);
       }
@@ -464,6 +637,42 @@ struct HiSparseResolve {
       }
     }
     return distinct;
+  }
+
+  // Pass 2 with a slot map, in place of passes 2 and 3: every hit sets its
+  // slot's hit flag, every miss goes into the set. Returns this thread's
+  // counts: hit slots flagged first here in the low half, missing host rows
+  // added to the set in the high.
+  KOKKOS_INLINE_FUNCTION std::uint32_t note_hits_and_misses(const member_type& team,
+                                                            const hisparse::ResolveScratch& s) const {
+    const std::int32_t K = top_k();
+    const std::int32_t G = entry_groups();
+    std::uint32_t* hit_words = reinterpret_cast<std::uint32_t*>(s.hit_flags);
+    std::uint32_t counts = 0;
+    for (std::int32_t i = team.team_rank(); i < G; i += threads(team)) {
+      std::int32_t j[E], g[E], h[E];
+      for (int u = 0; u < E; ++u) {
+        j[u] = i + u * G;
+        g[u] = j[u] < K ? s.host_rows[j[u]] : hisparse::done;
+      }
+      for (int u = 0; u < E; ++u) {
+        if (g[u] >= hisparse::done) continue;  // a miss, or no slot needed
+        // Byte slot / S, bit slot % S of the hit flags, in 32-bit words
+        // (little-endian, as every supported device is).
+        const std::int32_t slot = hisparse::slot_of_hit(g[u]);
+        const std::int32_t byte = slot / S;
+        const std::uint32_t bit = 1u << ((byte % 4) * 8 + slot % S);
+        counts += (device::atomic_or(&hit_words[byte / 4], bit) & bit) == 0 ? 1u : 0u;
+      }
+      for (int u = 0; u < E; ++u) {
+        if (g[u] < 0) g[u] = hisparse::done;
+      }
+      counts += static_cast<std::uint32_t>(insert_keys(s, g, j, h)) * high_count;
+      for (int u = 0; u < E; ++u) {
+        if (g[u] >= 0) s.position[j[u]] = static_cast<std::uint16_t>(h[u]);
+      }
+    }
+    return counts;
   }
 
   // Pass 3. Group i holds slots 8i .. 8i + 7 and LRU positions 8i .. 8i + 7.
@@ -594,7 +803,8 @@ struct HiSparseResolve {
   // elements (one at K = 2048, H = 4096 with 1024 threads), so one team
   // prefix sum orders them all.
   KOKKOS_INLINE_FUNCTION void order_slots(const member_type& team, const hisparse::ResolveScratch& s,
-                                          const std::int16_t* lru, std::int32_t hits, std::int32_t misses) const {
+                                          std::uint32_t* totals, const std::int16_t* lru, std::int32_t hits,
+                                          std::int32_t misses) const {
     const std::int32_t position_groups = slot_groups(), entry_group_count = entry_groups();
     const std::int32_t n = position_groups > entry_group_count ? position_groups : entry_group_count;
     const std::int32_t per_thread = hisparse::groups(n, threads(team));
@@ -606,7 +816,7 @@ struct HiSparseResolve {
     std::uint32_t count = 0;
     for (std::int32_t i = begin; i < end; ++i) count += load_order_group(s, lru, i, false).count;
     std::uint32_t total = 0;
-    std::uint32_t before = device::team_exclusive_sum(team, s.totals + hisparse::team_total_words / 2, count, total);
+    std::uint32_t before = device::team_exclusive_sum(team, totals, count, total);
     for (std::int32_t i = begin; i < end; ++i) {
       const OrderGroup o = load_order_group(s, lru, i, true);
       place_order_group(s, o, i, before, hits, misses);
@@ -614,10 +824,20 @@ struct HiSparseResolve {
     }
   }
 
-  // Pass 5.
+  // The map's part of loading host row g into `slot`: the entry of the row the
+  // slot held is removed, g's is entered.
+  KOKKOS_INLINE_FUNCTION void move_in_map(const hisparse::SlotMap& m, std::int32_t g, std::int32_t slot) const {
+    const std::int32_t old = m.slot_position[slot];
+    if (old >= 0) m.entries[old] = hisparse::map_removed;
+    bool duplicate = false;  // g missed, so no entry holds it
+    m.slot_position[slot] = insert_in_map(m, g, slot, duplicate);
+  }
+
+  // Pass 5. `map`: the slot map to keep in step, or nullptr.
   KOKKOS_INLINE_FUNCTION void write_results(const member_type& team, const hisparse::ResolveScratch& s,
                                             std::int64_t row, std::int64_t hot_table_row, std::int32_t* slot_rows,
-                                            std::int16_t* lru, std::int32_t hits, std::int32_t misses) const {
+                                            std::int16_t* lru, std::int32_t hits, std::int32_t misses,
+                                            const hisparse::SlotMap* map) const {
     const std::int32_t H = hot_slots(), K = top_k();
     const std::int32_t G = entry_groups();
     const std::int32_t untouched = H - hits - misses;
@@ -634,8 +854,10 @@ struct HiSparseResolve {
         const std::int32_t j = i + u * G;
         m[u] = -1;  // miss number when entry j loads its key
         slot[u] = -1;
-        if (g[u] < 0) continue;
-        if (w[u] & hisparse::miss_flag) {
+        if (g[u] == hisparse::done) continue;
+        if (g[u] < hisparse::done) {
+          slot[u] = hisparse::slot_of_hit(g[u]);  // found in the slot map
+        } else if (w[u] & hisparse::miss_flag) {
           const std::int32_t at = untouched + static_cast<std::int32_t>(w[u] >> 16);
           slot[u] = s.lru[at < 0 ? 0 : at];  // at < 0 only if slot_rows held a row twice
           if ((w[u] & hisparse::entry_bits) == static_cast<std::uint32_t>(j)) m[u] = static_cast<std::int32_t>(w[u] >> 16);
@@ -643,16 +865,17 @@ struct HiSparseResolve {
           slot[u] = static_cast<std::int32_t>(w[u] >> 16) - 1;
         }
       }
-      for (int u = 0; u < E; ++u) x[u] = g[u] < 0 ? -1 : hot_row(s, hot_table_row, slot[u]);
+      for (int u = 0; u < E; ++u) x[u] = g[u] == hisparse::done ? -1 : hot_row(s, hot_table_row, slot[u]);
       for (int u = 0; u < E; ++u) {
         const std::int32_t j = i + u * G;
-        if (g[u] < 0) continue;
+        if (g[u] == hisparse::done) continue;
         store(row, j, x[u]);
         if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = m[u] >= 0 ? 1 : 0;
         if (m[u] >= 0) {
           slot_rows[slot[u]] = g[u];
           a.swap_host_rows[row * a.out_stride + m[u]] = g[u];
           a.swap_device_rows[row * a.out_stride + m[u]] = x[u];
+          if (map != nullptr) move_in_map(*map, g[u], slot[u]);
         }
       }
     });
@@ -700,9 +923,25 @@ struct HiSparseResolve {
     const std::int64_t state_row = padding ? 0 : state;
     std::int32_t* slot_rows = a.slot_rows + state_row * a.slot_rows_stride;
     std::int16_t* lru = a.lru + state_row * a.lru_stride;
+    // The slot map, rebuilt first when it asks for it; a state that holds a
+    // host row in two slots resolves without it (and rebuilds it next time).
+    hisparse::SlotMap map{};
+    bool mapped = a.slot_map != nullptr && !padding;
+    std::int32_t used = 0;
+    if (mapped) {
+      map = slot_map(state_row);
+      used = *map.header;  // every thread reads it before any writes it
+      if (used < 0 || used > map_used_limit()) {
+        std::uint32_t entered = 0;
+        device::team_exclusive_sum(team, totals[1], rebuild_map(team, map, slot_rows), entered);
+        mapped = (entered >> 16) == 0;
+        used = mapped ? static_cast<std::int32_t>(entered & 0xFFFFu) : -1;
+        if (team.team_rank() == 0) *map.header = used;
+      }
+    }
     device::team_exclusive_sum(team, totals[0],
                 map_entries(team, s, row, padding ? -1 : request, hot_table_row, padding ? 0 : cached_blocks,
-                            slot_rows, lru, !padding),
+                            slot_rows, lru, !padding, mapped ? &map : nullptr),
                 counts);
     if (a.valid_counts != nullptr && team.team_rank() == 0) a.valid_counts[row] = static_cast<std::int32_t>(counts & 0xFFFFu);
     if ((counts >> 16) == 0) {
@@ -710,15 +949,25 @@ struct HiSparseResolve {
       if (team.team_rank() == 0) a.swap_counts[row] = 0;
       return;
     }
-    std::uint32_t distinct = 0;
-    device::team_exclusive_sum(team, totals[1], build_set(team, s), distinct);
-    std::uint32_t found = 0;
-    device::team_exclusive_sum(team, totals[0], classify_slots(team, s, slot_rows, lru), found);
-    const std::int32_t hits = static_cast<std::int32_t>(found & 0xFFFFu);
-    const std::int32_t misses = static_cast<std::int32_t>(distinct) - static_cast<std::int32_t>(found >> 16);
-    order_slots(team, s, lru, hits, misses);  // its prefix sum uses totals[1]
+    std::int32_t hits = 0, misses = 0;
+    if (mapped) {
+      std::uint32_t noted = 0;
+      device::team_exclusive_sum(team, totals[1], note_hits_and_misses(team, s), noted);
+      hits = static_cast<std::int32_t>(noted & 0xFFFFu);
+      misses = static_cast<std::int32_t>(noted >> 16);
+      order_slots(team, s, totals[0], lru, hits, misses);
+    } else {
+      std::uint32_t distinct = 0;
+      device::team_exclusive_sum(team, totals[1], build_set(team, s), distinct);
+      std::uint32_t found = 0;
+      device::team_exclusive_sum(team, totals[0], classify_slots(team, s, slot_rows, lru), found);
+      hits = static_cast<std::int32_t>(found & 0xFFFFu);
+      misses = static_cast<std::int32_t>(distinct) - static_cast<std::int32_t>(found >> 16);
+      order_slots(team, s, totals[1], lru, hits, misses);
+    }
     team.team_barrier();
-    write_results(team, s, row, hot_table_row, slot_rows, lru, hits, misses);
+    write_results(team, s, row, hot_table_row, slot_rows, lru, hits, misses, mapped ? &map : nullptr);
+    if (mapped && team.team_rank() == 0) *map.header = used + misses;
   }
 };
 

@@ -137,6 +137,8 @@ struct HiSparseResolveArgs {
   std::int64_t slot_rows_stride;
   std::int16_t* lru;
   std::int64_t lru_stride;
+  std::int32_t* slot_map;  // the state's slot map (hisparse_slot_map_words layout), or nullptr
+  std::int64_t slot_map_stride;
   std::int32_t num_state_rows;  // a state index outside [0, num_state_rows) is treated as padding
   // Outputs, [num_rows, top_k] with row stride out_stride unless noted.
   std::int32_t* hot_indices;
@@ -266,6 +268,8 @@ struct HiSparseWriteRowsArgs {
 struct HiSparseInvalidateArgs {
   std::int32_t* slot_rows;  // [num_state_rows, >= hot_slots]
   std::int64_t slot_rows_stride;
+  std::int32_t* slot_map;  // or nullptr: a row that loses a slot gets -1 in its first word
+  std::int64_t slot_map_stride;
   std::int32_t hot_slots;
   std::int32_t num_state_rows;
   const std::int32_t* host_row_ids;  // [num_rows]

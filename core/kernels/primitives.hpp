@@ -431,7 +431,7 @@ KOKKOS_INLINE_FUNCTION std::int32_t* team_ints(const Member& team) {
 #endif
 }
 
-// ---- Atomics on team scratch ----------------------------------------------
+// ---- Atomics on team scratch (and global memory) ---------------------------
 // Relaxed, as Kokkos' are. The native ones let the compiler use shared-memory
 // atomics for level-0 scratch; Kokkos' are inline assembly on a generic
 // address, which it cannot narrow.
@@ -455,6 +455,23 @@ KOKKOS_INLINE_FUNCTION std::uint32_t atomic_max(std::uint32_t* p, std::uint32_t 
   return atomicMax(p, value);
 #else
   return Kokkos::atomic_fetch_max(p, value);
+#endif
+}
+KOKKOS_INLINE_FUNCTION std::uint32_t atomic_or(std::uint32_t* p, std::uint32_t bits) {
+#if SPARSE_MLA_FORM_CUDA || SPARSE_MLA_FORM_HIP
+  return atomicOr(p, bits);
+#else
+  return Kokkos::atomic_fetch_or(p, bits);
+#endif
+}
+// 64 bits, on global memory too.
+KOKKOS_INLINE_FUNCTION std::uint64_t atomic_cas(std::uint64_t* p, std::uint64_t expected, std::uint64_t desired) {
+#if SPARSE_MLA_FORM_CUDA || SPARSE_MLA_FORM_HIP
+  using Word = unsigned long long;
+  static_assert(sizeof(Word) == sizeof(std::uint64_t), "64-bit words");
+  return atomicCAS(reinterpret_cast<Word*>(p), static_cast<Word>(expected), static_cast<Word>(desired));
+#else
+  return Kokkos::atomic_compare_exchange(p, expected, desired);
 #endif
 }
 

@@ -17,6 +17,10 @@ struct HiSparseStateStorage {
   Tensor lru;              // int16 [max_requests, H] on the device: reset to 0 .. H-1 by the constructor
   Tensor hot_block_table;  // int32 [max_requests, ceil(H / block_size)]: hot block of each state's slot
                            // block, the engine's placement, read as it is
+  Tensor slot_map;         // int32 [max_requests, hisparse_slot_map_words(H)], 16-byte aligned: filled with -1 by
+                           // the constructor. Without it, engine-owned slot_rows are resolved without a slot
+                           // map; with it, an engine that writes a row of slot_rows itself sets that row's
+                           // first slot_map word to -1 (sparse_mla/hisparse_ops.hpp)
 };
 
 // Engine-owned caches of one layer (SPEC section 7), given to

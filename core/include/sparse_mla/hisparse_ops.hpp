@@ -34,10 +34,36 @@ struct HiSparseResolveInputs {
   std::int64_t attention_block_stride = 0;  // 0 = hot_block_size
 };
 
+// The slot map of a state row: a hash map from host row to the hot slot that
+// holds it, which the resolve keeps in step with slot_rows across steps, so
+// that a selected row is looked up instead of being searched for among the
+// slots (core/kernels/hisparse_resolve.hpp). Only the library writes it. A
+// row whose first word is -1 is rebuilt from slot_rows by the next resolve:
+// fill a new map with -1, and set a state row's first word to -1 after
+// writing that row's slot_rows yourself. Layout of a row, in int32 words:
+//   [0]                  positions used or removed since the last rebuild
+//                        (counted from above), or -1: rebuild before use
+//   [1, 4)               reserved
+//   [4, 4 + H)           position of each slot's entry, -1 none
+//   [entries, +8H)       4H entries of two words: host row (-1 never used,
+//                        -2 removed) and slot; `entries` is a multiple of 4
+inline constexpr std::int64_t hisparse_slot_map_positions(std::int32_t hot_slots) {
+  return 4 * static_cast<std::int64_t>(hot_slots);
+}
+inline constexpr std::int64_t hisparse_slot_map_entries(std::int32_t hot_slots) {
+  return 4 + (static_cast<std::int64_t>(hot_slots) + 3) / 4 * 4;
+}
+inline constexpr std::int64_t hisparse_slot_map_words(std::int32_t hot_slots) {
+  return hisparse_slot_map_entries(hot_slots) + 2 * hisparse_slot_map_positions(hot_slots);
+}
+
 // Per state row: host row held in each hot slot (-1 empty) and the LRU order.
+// With a slot map the resolve finds hits through it (one lookup a selected
+// row); without one it searches the slots (the same results).
 struct HiSparseSlotState {
   Tensor slot_rows;  // int32 [S, >= H]
   Tensor lru;        // int16 [S, H]: a permutation of [0, H), least recent first
+  Tensor slot_map;   // optional int32 [S, hisparse_slot_map_words(H)], 16-byte aligned
 };
 
 // Outputs, row r for batch row r. Optional ones may be left undefined.
@@ -78,7 +104,8 @@ void gather_hisparse(Stream& stream, const HiSparseGatherTensors& tensors, std::
 void write_hisparse_rows(Stream& stream, const Tensor& rows, const Tensor& host_row_ids, const Tensor& host_pool);
 
 // Empties every hot slot of state row state_rows[n] that holds host row
-// host_row_ids[n] (both int32 [n]; negative entries are skipped).
+// host_row_ids[n] (both int32 [n]; negative entries are skipped). A state row
+// that loses a slot has its slot map (if any) marked for a rebuild.
 void invalidate_hisparse_slots(Stream& stream, const HiSparseSlotState& state, std::int32_t hot_slots,
                                const Tensor& host_row_ids, const Tensor& state_rows);
 

@@ -1,5 +1,6 @@
 // The HiSparse swap-in (SPEC section 5): the residency resolve alone at 1,
-// 32 and 128 request rows (top-k 2048, 4096 hot slots, 50% hits), and the
+// 32 and 128 request rows (top-k 2048, 4096 hot slots, 50% hits), with the
+// slot map an index group keeps and without one (resolve-search/), and the
 // whole swap-in (resolve, then the row gather from the pinned host pool) at
 // 0, 50, 90, 99 and 100% hits. bench_hisparse_rig.hpp explains how each timed
 // launch gets its exact hit rate; after the timed replays the device's hit
@@ -21,8 +22,8 @@ namespace {
 
 class SwapInCase final : public BenchCase {
  public:
-  SwapInCase(std::int32_t rows, std::int32_t fixed, bool with_gather, std::uint64_t seed)
-      : rig_(rows, fixed, with_gather, seed), rows_(rows), with_gather_(with_gather) {}
+  SwapInCase(std::int32_t rows, std::int32_t fixed, bool with_gather, std::uint64_t seed, bool slot_map = true)
+      : rig_(rows, fixed, with_gather, seed, true, slot_map), rows_(rows), with_gather_(with_gather) {}
 
   Traffic traffic() const override {
     const auto entries = static_cast<std::uint64_t>(rows_) * HiSparseShape::top_k;
@@ -66,6 +67,13 @@ void add_hisparse_cases(std::vector<CaseSpec>& cases, const BenchConfig& config)
     cases.push_back({"resolve/rows=" + std::to_string(rows), std::to_string(rows) + " rows, K=2048, H=4096, 50% hit",
                      Ceiling::device_copy, false,
                      [rows, seed] { return std::make_unique<SwapInCase>(rows, fixed_for_hits(50), false, seed); }});
+  }
+  // The same resolves without a slot map: the kernel searches the slots.
+  for (const std::int32_t rows : {1, 32, 128}) {
+    const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows);
+    cases.push_back({"resolve-search/rows=" + std::to_string(rows),
+                     std::to_string(rows) + " rows, K=2048, H=4096, 50% hit, no slot map", Ceiling::device_copy, false,
+                     [rows, seed] { return std::make_unique<SwapInCase>(rows, fixed_for_hits(50), false, seed, false); }});
   }
   const std::int32_t rows = config.quick ? 8 : 32;
   for (const int hits : {0, 50, 90, 99, 100}) {
