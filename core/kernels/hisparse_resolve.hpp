@@ -26,6 +26,15 @@
 // 64 registers (a 1024-thread team's share of an SM's register file). On the
 // host a team is one thread and the same passes run as loops.
 //
+// With a slot map (a.slot_map; sparse_mla/hisparse_ops.hpp gives its layout),
+// a host row -> slot hash map kept in global memory beside slot_rows across
+// steps, pass 1 also looks every entry up there, and passes 2 and 3 become
+// one (note_hits_and_misses): a hit sets its slot's hit flag, only a miss
+// goes into the set. Pass 5 keeps the map in step with slot_rows (move_in_map).
+// The map is rebuilt from slot_rows before pass 1 when it asks for it; a
+// state that holds a host row in two slots cannot be mapped and takes the
+// passes below as they are.
+//
 // Passes (one barrier between two, in the team sum that ends each):
 //   1. map_entries: map every entry to its host row g and its resident row;
 //      write the resolved rows, the resident and invalid outputs and the
@@ -312,7 +321,7 @@ struct HiSparseResolve {
 
   KOKKOS_INLINE_FUNCTION hisparse::SlotMap slot_map(std::int64_t state_row) const {
     std::int32_t* base = a.slot_map + state_row * a.slot_map_stride;
-    return {base, base + 4, reinterpret_cast<std::uint64_t*>(base + hisparse_slot_map_entries(hot_slots()))};
+    return {base, base + 4, reinterpret_cast<std::uint64_t*>(base + a.slot_map_entries)};
   }
   // 4H positions in H buckets; a map is rebuilt before a step once more than
   // 2H positions have been used, so a step (at most K <= H inserts) always
@@ -387,21 +396,31 @@ struct HiSparseResolve {
   KOKKOS_INLINE_FUNCTION std::int32_t insert_in_map(const hisparse::SlotMap& m, std::int32_t g, std::int32_t slot,
                                                     bool& duplicate) const {
     const std::uint64_t mine = hisparse::map_entry(g, slot);
-    for (std::int32_t b = map_first(g);; b = map_next(b)) {
+    std::int32_t b = map_first(g);
+    for (;;) {
       std::uint64_t e[hisparse::map_bucket];
       load_map_bucket(m.entries + b, e);
+      // The bucket loop leaves by `break` (clang unrolls it whole and keeps
+      // the bucket in registers); a lost race reads the bucket again.
+      bool again = false;
+      std::int32_t at = -1;
       for (int i = 0; i < hisparse::map_bucket; ++i) {
-        std::uint64_t seen = e[i];
-        while (hisparse::map_key(seen) < 0) {
-          const std::uint64_t was = device::atomic_cas(m.entries + b + i, seen, mine);
-          if (was == seen) return b + i;
-          seen = was;
-        }
-        if (hisparse::map_key(seen) == g) {
+        if (hisparse::map_key(e[i]) == g) {
           duplicate = true;
-          return b + i;
+          at = b + i;
+          break;
+        }
+        if (hisparse::map_key(e[i]) < 0) {
+          if (device::atomic_cas(m.entries + b + i, e[i], mine) == e[i]) {
+            at = b + i;
+          } else {
+            again = true;
+          }
+          break;
         }
       }
+      if (at >= 0) return at;
+      if (!again) b = map_next(b);
     }
   }
 

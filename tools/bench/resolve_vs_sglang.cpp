@@ -541,7 +541,11 @@ class Library {
     swap_counts_ = alloc(static_cast<size_t>(rows) * 4);
     counters_ = alloc(16);
     if (with_pool_) cache_ = alloc(static_cast<size_t>(in.hot_cache_rows()) * row_bytes);
-    state_ = {Tensor::of(slot_rows_, DType::i32, {rows, H}), Tensor::of(lru_, DType::i16, {rows, H})};
+    // With a slot map, as an index group keeps one.
+    map_words_ = sparse_mla::hisparse_slot_map_words(H);
+    slot_map_ = alloc(static_cast<size_t>(rows * map_words_) * 4);
+    state_ = {Tensor::of(slot_rows_, DType::i32, {rows, H}), Tensor::of(lru_, DType::i16, {rows, H}),
+              Tensor::of(slot_map_, DType::i32, {rows, map_words_})};
     const Tensor all_logical = Tensor::of(logical_, DType::i32, {sets * rows, K});
     for (int s = 0; s < in.sets; ++s) {
       sparse_mla::HiSparseResolveInputs r;
@@ -566,6 +570,7 @@ class Library {
     sparse_mla::reference::HiSparseState empty(in_.rows, H);
     upload(slot_rows_, empty.slot_rows);
     upload(lru_, empty.lru);
+    upload(slot_map_, std::vector<int32_t>(static_cast<size_t>(in_.rows * map_words_), -1));
     upload(counters_, std::vector<int64_t>(2, 0));
   }
   std::vector<int32_t> misses() const { return download<int32_t>(swap_counts_, static_cast<size_t>(in_.rows)); }
@@ -599,8 +604,9 @@ class Library {
   const Inputs& in_;
   bool with_pool_;
   const sparse_mla::Buffer* pool_;
-  sparse_mla::Buffer logical_, source_, hot_table_, ids_, slot_rows_, lru_, hot_, swap_host_, swap_device_, swap_counts_,
-      counters_, cache_;
+  sparse_mla::Buffer logical_, source_, hot_table_, ids_, slot_rows_, lru_, slot_map_, hot_, swap_host_, swap_device_,
+      swap_counts_, counters_, cache_;
+  std::int64_t map_words_ = 0;
   sparse_mla::HiSparseSlotState state_;
   std::vector<sparse_mla::HiSparseResolveInputs> inputs_;
   sparse_mla::HiSparseResolveOutputs outputs_;
