@@ -436,19 +436,16 @@ struct HiSparseResolve {
     for (std::int32_t i = team.team_rank(); i < map_positions() / 2; i += threads(team)) units[i] = never_used;
     team.team_barrier();
     std::uint32_t counts = 0;
-    for (std::int32_t first = team.team_rank() * S; first < H; first += threads(team) * S) {
-      std::int32_t g[S];
-      for (int u = 0; u < S; ++u) g[u] = first + u < H ? slot_rows[first + u] : -1;
-      for (int u = 0; u < S && first + u < H; ++u) {
-        std::int32_t position = -1;
-        if (g[u] >= 0) {
-          bool duplicate = false;
-          position = insert_in_map(m, g[u], first + u, duplicate);
-          counts += duplicate ? high_count : 1u;
-          if (duplicate) position = -1;
-        }
-        m.slot_position[first + u] = position;
+    for (std::int32_t slot = team.team_rank(); slot < H; slot += threads(team)) {
+      const std::int32_t g = slot_rows[slot];
+      std::int32_t position = -1;
+      if (g >= 0) {
+        bool duplicate = false;
+        position = insert_in_map(m, g, slot, duplicate);
+        counts += duplicate ? high_count : 1u;
+        if (duplicate) position = -1;
       }
+      m.slot_position[slot] = position;
     }
     return counts;
   }
@@ -614,13 +611,16 @@ struct HiSparseResolve {
         resident[u] = resident_row(resident[u], tok[u]);
       }
       // With a slot map: the slot of every entry that needs one, if a slot holds its row.
+      // One entry at a time: a bucket each is what the 64 registers allow.
       std::int32_t hit_slot[E];
-      if (map != nullptr) {
-        std::int32_t wanted[E];
-        for (int u = 0; u < E; ++u) wanted[u] = resident[u] < 0 ? g[u] : -1;
-        find_in_map(*map, wanted, hit_slot);
-      } else {
-        for (int u = 0; u < E; ++u) hit_slot[u] = -1;
+      for (int u = 0; u < E; ++u) {
+        hit_slot[u] = -1;
+        if (map != nullptr) {
+          const std::int32_t wanted[1] = {resident[u] < 0 ? g[u] : -1};
+          std::int32_t found[1];
+          find_in_map(*map, wanted, found);
+          hit_slot[u] = found[0];
+        }
       }
       for (int u = 0; u < E; ++u) {
         const std::int32_t j = i + u * G;
@@ -894,7 +894,11 @@ struct HiSparseResolve {
           slot_rows[slot[u]] = g[u];
           a.swap_host_rows[row * a.out_stride + m[u]] = g[u];
           a.swap_device_rows[row * a.out_stride + m[u]] = x[u];
-          if (map != nullptr) move_in_map(*map, g[u], slot[u]);
+        }
+      }
+      if (map != nullptr) {
+        for (int u = 0; u < E; ++u) {
+          if (m[u] >= 0) move_in_map(*map, g[u], slot[u]);
         }
       }
     });
@@ -944,8 +948,12 @@ struct HiSparseResolve {
     std::int16_t* lru = a.lru + state_row * a.lru_stride;
     // The slot map, rebuilt first when it asks for it; a state that holds a
     // host row in two slots resolves without it (and rebuilds it next time).
+    // Level-1 rows (shapes too large for shared memory) search the slots: the
+    // map's code would not fit their registers. Their map is marked for a
+    // rebuild, since such a row changes slot_rows without it.
     hisparse::SlotMap map{};
-    bool mapped = a.slot_map != nullptr && !padding;
+    bool mapped = Level == 0 && a.slot_map != nullptr && !padding;
+    if (Level != 0 && a.slot_map != nullptr && !padding && team.team_rank() == 0) *slot_map(state_row).header = -1;
     std::int32_t used = 0;
     if (mapped) {
       map = slot_map(state_row);
