@@ -30,7 +30,8 @@
 // a host row -> slot hash map kept in global memory beside slot_rows across
 // steps, pass 1 also looks every entry up there, and passes 2 and 3 become
 // one (note_hits_and_misses): a hit sets its slot's hit flag, only a miss
-// goes into the set. Pass 5 keeps the map in step with slot_rows (move_in_map).
+// goes into the set. Pass 6 keeps the map in step with slot_rows
+// (enter_loaded_rows).
 // The map is rebuilt from slot_rows before pass 1 when it asks for it; a
 // state that holds a host row in two slots cannot be mapped and takes the
 // passes below as they are.
@@ -184,7 +185,7 @@ KOKKOS_INLINE_FUNCTION std::int32_t map_slot(std::uint64_t e) { return static_ca
 
 // The slot map of one state row.
 struct SlotMap {
-  std::int32_t* header;         // [0]: positions used since the last rebuild (from above), -1: rebuild
+  std::int32_t* header;         // [0]: positions used since the last rebuild (from above), -1: rebuild; [1]: tag ^ H
   std::int32_t* slot_position;  // [H]: the position of each slot's entry, -1 none
   std::uint64_t* entries;       // [4H], 16-byte aligned
 };
@@ -391,36 +392,36 @@ struct HiSparseResolve {
   // Enters host row g >= 0 as held by `slot` at the first never-used or
   // removed entry of its walk, and returns that position; when the walk meets
   // g first (a state that holds g in two slots) it sets `duplicate` and
-  // returns g's position. An entry seen free may be taken by another thread
-  // before the compare-and-swap, which then reports what that thread stored.
+  // returns g's position. While entries are entered, a free entry only ever
+  // becomes a live one: a compare-and-swap that fails returns the live entry
+  // another thread stored, which decides (g: a duplicate; another row: walk
+  // on), so a bucket is read once, never again from a cache that may be stale.
   KOKKOS_INLINE_FUNCTION std::int32_t insert_in_map(const hisparse::SlotMap& m, std::int32_t g, std::int32_t slot,
                                                     bool& duplicate) const {
     const std::uint64_t mine = hisparse::map_entry(g, slot);
-    std::int32_t b = map_first(g);
-    for (;;) {
+    for (std::int32_t b = map_first(g);; b = map_next(b)) {
       std::uint64_t e[hisparse::map_bucket];
       load_map_bucket(m.entries + b, e);
       // The bucket loop leaves by `break` (clang unrolls it whole and keeps
-      // the bucket in registers); a lost race reads the bucket again.
-      bool again = false;
+      // the bucket in registers).
       std::int32_t at = -1;
       for (int i = 0; i < hisparse::map_bucket; ++i) {
-        if (hisparse::map_key(e[i]) == g) {
+        std::uint64_t seen = e[i];
+        if (hisparse::map_key(seen) < 0) {
+          const std::uint64_t was = device::atomic_cas(m.entries + b + i, seen, mine);
+          if (was == seen) {
+            at = b + i;
+            break;
+          }
+          seen = was;
+        }
+        if (hisparse::map_key(seen) == g) {
           duplicate = true;
           at = b + i;
           break;
         }
-        if (hisparse::map_key(e[i]) < 0) {
-          if (device::atomic_cas(m.entries + b + i, e[i], mine) == e[i]) {
-            at = b + i;
-          } else {
-            again = true;
-          }
-          break;
-        }
       }
       if (at >= 0) return at;
-      if (!again) b = map_next(b);
     }
   }
 
@@ -564,8 +565,8 @@ struct HiSparseResolve {
   KOKKOS_INLINE_FUNCTION std::uint32_t map_entries(const member_type& team, const hisparse::ResolveScratch& s,
                                                    std::int64_t row, std::int32_t request, std::int64_t hot_table_row,
                                                    std::int32_t cached, const std::int32_t* slot_rows,
-                                                   const std::int16_t* lru, bool prefetch,
-                                                   const hisparse::SlotMap* map) const {
+                                                   const std::int16_t* lru, bool prefetch, bool mapped,
+                                                   std::int64_t state_row) const {
     const std::int32_t* in = a.logical + row * a.logical_stride;
     const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
     const std::int32_t* source_table = source_table_row(request);
@@ -590,7 +591,7 @@ struct HiSparseResolve {
       // (device::prefetch_l1), nothing elsewhere.
       if (prefetch) {
         for (std::int32_t k = i; k < slot_groups(); k += G) {
-          if (map == nullptr) device::prefetch_l1(slot_rows + k * S);
+          if (!mapped) device::prefetch_l1(slot_rows + k * S);
           device::prefetch_l1(lru + k * S);
         }
       }
@@ -610,18 +611,18 @@ struct HiSparseResolve {
         g[u] = host_row(g[u], tok[u]);
         resident[u] = resident_row(resident[u], tok[u]);
       }
-      // With a slot map: the slot of every entry that needs one, if a slot holds its row.
       // One entry at a time: a bucket each is what the 64 registers allow.
       std::int32_t hit_slot[E];
       for (int u = 0; u < E; ++u) {
         hit_slot[u] = -1;
-        if (map != nullptr) {
+        if (mapped) {
           const std::int32_t wanted[1] = {resident[u] < 0 ? g[u] : -1};
           std::int32_t found[1];
-          find_in_map(*map, wanted, found);
+          find_in_map(slot_map(state_row), wanted, found);
           hit_slot[u] = found[0];
         }
       }
+      // With a slot map: the slot of every entry that needs one, if a slot holds its row.
       for (int u = 0; u < E; ++u) {
         const std::int32_t j = i + u * G;
         if (j >= K) break;
@@ -659,39 +660,30 @@ struct HiSparseResolve {
   }
 
   // Pass 2 with a slot map, in place of passes 2 and 3: every hit sets its
-  // slot's hit flag, every miss goes into the set. Returns this thread's
-  // counts: hit slots flagged first here in the low half, missing host rows
-  // added to the set in the high.
+  // slot's hit flag, then build_set() enters the misses (the only entries
+  // host_rows still holds as host rows). Returns this thread's counts: hit
+  // slots flagged first here in the low half, missing host rows added to the
+  // set in the high.
   KOKKOS_INLINE_FUNCTION std::uint32_t note_hits_and_misses(const member_type& team,
                                                             const hisparse::ResolveScratch& s) const {
     const std::int32_t K = top_k();
     const std::int32_t G = entry_groups();
     std::uint32_t* hit_words = reinterpret_cast<std::uint32_t*>(s.hit_flags);
-    std::uint32_t counts = 0;
+    std::uint32_t hits = 0;
     for (std::int32_t i = team.team_rank(); i < G; i += threads(team)) {
-      std::int32_t j[E], g[E], h[E];
       for (int u = 0; u < E; ++u) {
-        j[u] = i + u * G;
-        g[u] = j[u] < K ? s.host_rows[j[u]] : hisparse::done;
-      }
-      for (int u = 0; u < E; ++u) {
-        if (g[u] >= hisparse::done) continue;  // a miss, or no slot needed
+        const std::int32_t j = i + u * G;
+        const std::int32_t g = j < K ? s.host_rows[j] : hisparse::done;
+        if (g >= hisparse::done) continue;  // a miss, or no slot needed
         // Byte slot / S, bit slot % S of the hit flags, in 32-bit words
         // (little-endian, as every supported device is).
-        const std::int32_t slot = hisparse::slot_of_hit(g[u]);
+        const std::int32_t slot = hisparse::slot_of_hit(g);
         const std::int32_t byte = slot / S;
         const std::uint32_t bit = 1u << ((byte % 4) * 8 + slot % S);
-        counts += (device::atomic_or(&hit_words[byte / 4], bit) & bit) == 0 ? 1u : 0u;
-      }
-      for (int u = 0; u < E; ++u) {
-        if (g[u] < 0) g[u] = hisparse::done;
-      }
-      counts += static_cast<std::uint32_t>(insert_keys(s, g, j, h)) * high_count;
-      for (int u = 0; u < E; ++u) {
-        if (g[u] >= 0) s.position[j[u]] = static_cast<std::uint16_t>(h[u]);
+        hits += (device::atomic_or(&hit_words[byte / 4], bit) & bit) == 0 ? 1u : 0u;
       }
     }
-    return counts;
+    return hits + build_set(team, s) * high_count;
   }
 
   // Pass 3. Group i holds slots 8i .. 8i + 7 and LRU positions 8i .. 8i + 7.
@@ -852,11 +844,10 @@ struct HiSparseResolve {
     m.slot_position[slot] = insert_in_map(m, g, slot, duplicate);
   }
 
-  // Pass 5. `map`: the slot map to keep in step, or nullptr.
+  // Pass 5.
   KOKKOS_INLINE_FUNCTION void write_results(const member_type& team, const hisparse::ResolveScratch& s,
                                             std::int64_t row, std::int64_t hot_table_row, std::int32_t* slot_rows,
-                                            std::int16_t* lru, std::int32_t hits, std::int32_t misses,
-                                            const hisparse::SlotMap* map) const {
+                                            std::int16_t* lru, std::int32_t hits, std::int32_t misses) const {
     const std::int32_t H = hot_slots(), K = top_k();
     const std::int32_t G = entry_groups();
     const std::int32_t untouched = H - hits - misses;
@@ -896,11 +887,6 @@ struct HiSparseResolve {
           a.swap_device_rows[row * a.out_stride + m[u]] = x[u];
         }
       }
-      if (map != nullptr) {
-        for (int u = 0; u < E; ++u) {
-          if (m[u] >= 0) move_in_map(*map, g[u], slot[u]);
-        }
-      }
     });
     // The new LRU order, four positions a thread at a time: the scratch loads
     // first (the compiler cannot tell the two apart), then the stores.
@@ -928,6 +914,21 @@ struct HiSparseResolve {
     });
   }
 
+  // Pass 6, with a slot map: the m-th missed host row (pass 5 wrote it to the
+  // swap list) goes into the map as held by the slot it took.
+  // Its positions used since the rebuild go up by the misses (rank 0, which
+  // alone writes the header).
+  KOKKOS_INLINE_FUNCTION void enter_loaded_rows(const member_type& team, const hisparse::ResolveScratch& s,
+                                                std::int64_t state_row, std::int64_t row, std::int32_t hits,
+                                                std::int32_t misses) const {
+    const hisparse::SlotMap map = slot_map(state_row);
+    const std::int32_t untouched = hot_slots() - hits - misses;
+    for (std::int32_t m = team.team_rank(); m < misses; m += threads(team)) {
+      move_in_map(map, a.swap_host_rows[row * a.out_stride + m], s.lru[untouched + m]);
+    }
+    if (team.team_rank() == 0) map.header[0] += misses;
+  }
+
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     const std::int64_t row = team.league_rank();
     const std::int32_t state = a.request_state_indices != nullptr ? a.request_state_indices[row]
@@ -948,27 +949,32 @@ struct HiSparseResolve {
     std::int16_t* lru = a.lru + state_row * a.lru_stride;
     // The slot map, rebuilt first when it asks for it; a state that holds a
     // host row in two slots resolves without it (and rebuilds it next time).
-    // Level-1 rows (shapes too large for shared memory) search the slots: the
-    // map's code would not fit their registers. Their map is marked for a
+    // On a GPU the map serves production rows (ProductionShape); rows of other
+    // shapes search the slots, because the map's code does not fit their 64
+    // registers (their sizes are run-time values). Their map is marked for a
     // rebuild, since such a row changes slot_rows without it.
-    hisparse::SlotMap map{};
-    bool mapped = Level == 0 && a.slot_map != nullptr && !padding;
-    if (Level != 0 && a.slot_map != nullptr && !padding && team.team_rank() == 0) *slot_map(state_row).header = -1;
-    std::int32_t used = 0;
+    constexpr bool can_map = is_host_space<Space> || (Level == 0 && std::is_same<Shape, ProductionShape>::value);
+    bool mapped = can_map && a.slot_map != nullptr && !padding;
+    if (!can_map && a.slot_map != nullptr && !padding && team.team_rank() == 0) slot_map(state_row).header[0] = -1;
     if (mapped) {
-      map = slot_map(state_row);
-      used = *map.header;  // every thread reads it before any writes it
+      const hisparse::SlotMap map = slot_map(state_row);
+      // Every thread reads the header before any writes it. A row the library
+      // did not build (no tag: zeros, say) is rebuilt like one marked -1.
+      const Int4 header = *reinterpret_cast<const Int4*>(map.header);
+      const std::int32_t used = header.y == (hisparse_slot_map_tag ^ hot_slots()) ? header.x : -1;
       if (used < 0 || used > map_used_limit()) {
         std::uint32_t entered = 0;
         device::team_exclusive_sum(team, totals[1], rebuild_map(team, map, slot_rows), entered);
         mapped = (entered >> 16) == 0;
-        used = mapped ? static_cast<std::int32_t>(entered & 0xFFFFu) : -1;
-        if (team.team_rank() == 0) *map.header = used;
+        if (team.team_rank() == 0) {
+          const std::int32_t now = mapped ? static_cast<std::int32_t>(entered & 0xFFFFu) : -1;
+          *reinterpret_cast<Int4*>(map.header) = Int4{now, hisparse_slot_map_tag ^ hot_slots(), 0, 0};
+        }
       }
     }
     device::team_exclusive_sum(team, totals[0],
                 map_entries(team, s, row, padding ? -1 : request, hot_table_row, padding ? 0 : cached_blocks,
-                            slot_rows, lru, !padding, mapped ? &map : nullptr),
+                            slot_rows, lru, !padding, mapped, state_row),
                 counts);
     if (a.valid_counts != nullptr && team.team_rank() == 0) a.valid_counts[row] = static_cast<std::int32_t>(counts & 0xFFFFu);
     if ((counts >> 16) == 0) {
@@ -993,8 +999,11 @@ struct HiSparseResolve {
       order_slots(team, s, totals[1], lru, hits, misses);
     }
     team.team_barrier();
-    write_results(team, s, row, hot_table_row, slot_rows, lru, hits, misses, mapped ? &map : nullptr);
-    if (mapped && team.team_rank() == 0) *map.header = used + misses;
+    write_results(team, s, row, hot_table_row, slot_rows, lru, hits, misses);
+    if (mapped) {
+      team.team_barrier();  // the swap list is written
+      enter_loaded_rows(team, s, state_row, row, hits, misses);
+    }
   }
 };
 

@@ -76,9 +76,10 @@ def test_fp8_golden_cases_upconvert_exactly_through_a_plain_group(arrays, stem):
     np.testing.assert_array_equal(arrays.bits(dst), t["dst"])
 
 
-# state: the slot state the group keeps ("group"), or the engine's own slot_rows,
-# lru and slot map ("engine"), which the group resets.
-@pytest.mark.parametrize("state_owner", ["group", "engine"])
+# state: the slot state the group keeps ("group"), or the engine's own slot_rows
+# and lru, with a slot map ("engine") or without one ("engine-no-map": the
+# resolve searches the slots), which the group resets.
+@pytest.mark.parametrize("state_owner", ["group", "engine", "engine-no-map"])
 def test_the_hisparse_golden_sequence_replays_exactly_through_a_group(arrays, state_owner):
     t, meta = read_case("h1_hisparse_6steps")
     B, K, H, bs = meta["batch_rows"], meta["top_k"], meta["hot_size"], meta["hot_block_size"]
@@ -88,20 +89,23 @@ def test_the_hisparse_golden_sequence_replays_exactly_through_a_group(arrays, st
     # state row, never used, makes the group's hot cache hold block 8.
     hot_by_state = arrays(np.vstack([t["hot_block_table_by_state"], [[0, 9]]]).astype(np.int32))
     state = dict(hot_block_table=hot_by_state)
-    if state_owner == "engine":
+    if state_owner != "group":
         if arrays.host:
             pytest.skip("engine-owned slot state must be device memory; NumPy arrays are host memory "
                         "(tests/engine_test.cpp gives the host backend's group an engine-owned slot map)")
         state.update(slot_rows=arrays(np.full((states + 1, H), 7, np.int32)),
-                     lru=arrays(np.zeros((states + 1, H), np.int16)),
-                     slot_map=arrays(np.full((states + 1, sparse_mla.hisparse_slot_map_words(H)), 7, np.int32)))
+                     lru=arrays(np.zeros((states + 1, H), np.int16)))
+        if state_owner == "engine":
+            state.update(slot_map=arrays(np.full((states + 1, sparse_mla.hisparse_slot_map_words(H)), 7, np.int32)))
     logical = arrays.poisoned((B, K))
     builder = sparse_mla.SparseMLAIndexGroupBuilder(logical, B)
     group, layer = builder.register_layer(True, kv_cache_dtype="fp8_ds_mla", hisparse=dict(
         top_k=K, hot_slots=H, host_pool_rows=meta["host_rows"], max_requests=states + 1, block_size=bs,
         attention_block_stride=meta["attention_block_stride"], state=state))
-    assert group.slot_map is not None
-    assert (arrays.numpy(group.slot_map) == -1).all()  # reset by the group
+    if state_owner == "engine-no-map":
+        assert group.slot_map is None
+    else:
+        assert (arrays.numpy(group.slot_map) == -1).all()  # reset by the group
     np.asarray(group.cache(layer).host_pool)[:] = t["host_cache"]
     hot = group.cache(layer).hot_cache  # [blocks, 64, 656], blocks attention_block_stride rows apart
     arrays.fill(hot, 0xEE)

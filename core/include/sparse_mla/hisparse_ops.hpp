@@ -41,12 +41,15 @@ struct HiSparseResolveInputs {
 // row whose first word is -1 is rebuilt from slot_rows by the next resolve:
 // fill a new map with -1, and set a state row's first word to -1 after
 // writing that row's slot_rows yourself. Layout of a row, in int32 words:
-//   [0]                  positions used or removed since the last rebuild
-//                        (counted from above), or -1: rebuild before use
-//   [1, 4)               reserved
+//   [0]                  entries written since the last rebuild (counted
+//                        from above), or -1: rebuild before use
+//   [1]                  hisparse_slot_map_tag ^ H, written by a rebuild: a row
+//                        without it (all zeros, say) is rebuilt too
+//   [2, 4)               0
 //   [4, 4 + H)           position of each slot's entry, -1 none
 //   [entries, +8H)       4H entries of two words: host row (-1 never used,
 //                        -2 removed) and slot; `entries` is a multiple of 4
+inline constexpr std::int32_t hisparse_slot_map_tag = 0x534d4150;  // "SMAP"
 inline constexpr std::int64_t hisparse_slot_map_positions(std::int32_t hot_slots) {
   return 4 * static_cast<std::int64_t>(hot_slots);
 }
@@ -59,7 +62,11 @@ inline constexpr std::int64_t hisparse_slot_map_words(std::int32_t hot_slots) {
 
 // Per state row: host row held in each hot slot (-1 empty) and the LRU order.
 // With a slot map the resolve finds hits through it (one lookup a selected
-// row); without one it searches the slots (the same results).
+// row); without one it searches the slots (the same results). On a GPU the
+// map serves rows of the production shape (K = 2048, H = 4096, block sizes
+// that are powers of two); rows of other shapes search and mark their map for
+// a rebuild. The non-padding rows of one call must have distinct state rows
+// (with a map, rows sharing one could leave it full and a lookup unending).
 struct HiSparseSlotState {
   Tensor slot_rows;  // int32 [S, >= H]
   Tensor lru;        // int16 [S, H]: a permutation of [0, H), least recent first
