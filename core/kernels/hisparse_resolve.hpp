@@ -611,7 +611,8 @@ struct HiSparseResolve {
         g[u] = host_row(g[u], tok[u]);
         resident[u] = resident_row(resident[u], tok[u]);
       }
-      // One entry at a time: a bucket each is what the 64 registers allow.
+      // With a slot map: the slot that holds each entry's row, if one does,
+      // one entry at a time (a bucket each is what the 64 registers allow).
       std::int32_t hit_slot[E];
       for (int u = 0; u < E; ++u) {
         hit_slot[u] = -1;
@@ -622,7 +623,6 @@ struct HiSparseResolve {
           hit_slot[u] = found[0];
         }
       }
-      // With a slot map: the slot of every entry that needs one, if a slot holds its row.
       for (int u = 0; u < E; ++u) {
         const std::int32_t j = i + u * G;
         if (j >= K) break;
