@@ -34,7 +34,8 @@
 // (enter_loaded_rows).
 // The map is rebuilt from slot_rows before pass 1 when it asks for it; a
 // state that holds a host row in two slots cannot be mapped and takes the
-// passes below as they are.
+// passes below as they are. On a GPU only ProductionShape rows use it (the
+// map's code does not fit the registers of the others).
 //
 // Passes (one barrier between two, in the team sum that ends each):
 //   1. map_entries: map every entry to its host row g and its resident row;
@@ -58,6 +59,8 @@
 //      (miss m takes the m-th oldest evictable slot, which is where step 4
 //      put it in the new order); the first entry of each miss appends the
 //      swap pair and sets the slot's host row; the new LRU order is stored.
+//   6. enter_loaded_rows (with a slot map, after one more barrier): the
+//      evicted slots' entries are removed and the loaded rows entered.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -185,7 +188,7 @@ KOKKOS_INLINE_FUNCTION std::int32_t map_slot(std::uint64_t e) { return static_ca
 
 // The slot map of one state row.
 struct SlotMap {
-  std::int32_t* header;         // [0]: positions used since the last rebuild (from above), -1: rebuild; [1]: tag ^ H
+  std::int32_t* header;         // [0]: entries written since the last rebuild (from above), -1: rebuild; [1]: tag ^ H
   std::int32_t* slot_position;  // [H]: the position of each slot's entry, -1 none
   std::uint64_t* entries;       // [4H], 16-byte aligned
 };
@@ -392,10 +395,11 @@ struct HiSparseResolve {
   // Enters host row g >= 0 as held by `slot` at the first never-used or
   // removed entry of its walk, and returns that position; when the walk meets
   // g first (a state that holds g in two slots) it sets `duplicate` and
-  // returns g's position. While entries are entered, a free entry only ever
-  // becomes a live one: a compare-and-swap that fails returns the live entry
-  // another thread stored, which decides (g: a duplicate; another row: walk
-  // on), so a bucket is read once, never again from a cache that may be stale.
+  // returns g's position. A compare-and-swap that fails returns what the entry
+  // holds now, which decides: g (a duplicate, in a rebuild), or anything else
+  // (another thread's row, or an entry removed meanwhile: walk on). A bucket is
+  // read once, never again from a cache that may be stale; walking past a
+  // removed entry only forgoes reusing it.
   KOKKOS_INLINE_FUNCTION std::int32_t insert_in_map(const hisparse::SlotMap& m, std::int32_t g, std::int32_t slot,
                                                     bool& duplicate) const {
     const std::uint64_t mine = hisparse::map_entry(g, slot);

@@ -77,8 +77,9 @@ def test_fp8_golden_cases_upconvert_exactly_through_a_plain_group(arrays, stem):
 
 
 # state: the slot state the group keeps ("group"), or the engine's own slot_rows
-# and lru, with a slot map ("engine") or without one ("engine-no-map": the
-# resolve searches the slots), which the group resets.
+# and lru, with a slot map ("engine") or without one ("engine-no-map"), which
+# the group resets. (h1 is not the production shape: on a GPU its rows search
+# the slots either way; the map's own results are the C++ SlotMap tests'.)
 @pytest.mark.parametrize("state_owner", ["group", "engine", "engine-no-map"])
 def test_the_hisparse_golden_sequence_replays_exactly_through_a_group(arrays, state_owner):
     t, meta = read_case("h1_hisparse_6steps")
