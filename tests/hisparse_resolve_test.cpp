@@ -39,6 +39,18 @@ struct Shape {
   bool resident = false;
 };
 
+// Production rows, two requests: K = 2048, H = 4096, blocks of 64 (powers of
+// two), 256 blocks of context each.
+Shape production_shape() {
+  Shape shape;
+  shape.top_k = 2048;
+  shape.hot_slots = 4096;
+  shape.requests = shape.states = 2;
+  shape.blocks = 256;
+  shape.block_size = 64;
+  return shape;
+}
+
 // Source blocks are a shuffle of the pool (block 0 included); a few entries
 // are -1 or point past the pool. Hot blocks: state s owns blocks
 // 1 + s * per_row .. (block 0 is never used, as in the golden file).
@@ -367,12 +379,7 @@ TEST_P(HiSparseResolveTest, ProductionRowsRebuildTheirSlotMapsAndStayExact) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(14);
   auto stream = device->create_stream();
-  Shape shape;
-  shape.top_k = 2048;
-  shape.hot_slots = 4096;
-  shape.requests = shape.states = 2;
-  shape.blocks = 256;
-  shape.block_size = 64;
+  Shape shape = production_shape();
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
   HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
@@ -602,12 +609,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtProductionWidth) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(9);
   auto stream = device->create_stream();
-  Shape shape;
-  shape.top_k = 2048;
-  shape.hot_slots = 4096;
-  shape.requests = shape.states = 2;
-  shape.blocks = 256;
-  shape.block_size = 64;
+  Shape shape = production_shape();
   shape.resident = true;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);

@@ -27,6 +27,8 @@ void check_counts(const char* where, const char* name, const Tensor& t, std::int
   check(where, name, t).dtype(DType::i32).rank(1).contiguous().dim_at_least(0, rows, "one per batch row").on(device);
 }
 
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
 void check_state(const char* where, const HiSparseSlotState& state, std::int32_t H, const Device& device) {
   check(where, "slot_rows", state.slot_rows).dtype(DType::i32).rank(2).rows_contiguous().dim_at_least(1, H, "hot_slots").on(device);
   check(where, "lru", state.lru).dtype(DType::i16).rank(2).rows_contiguous().dim(1, H, "hot_slots")
@@ -36,7 +38,7 @@ void check_state(const char* where, const HiSparseSlotState& state, std::int32_t
     check(where, "slot_map", state.slot_map).dtype(DType::i32).rank(2).contiguous()
         .dim(0, state.slot_rows.dim(0), "state rows of slot_rows").dim(1, hisparse_slot_map_words(H), "hisparse_slot_map_words(hot_slots)")
         .on(device);
-    if ((reinterpret_cast<std::uintptr_t>(state.slot_map.data()) & 15u) != 0) {
+    if (!aligned16(state.slot_map.data())) {
       fail(where, "slot_map must start on a 16-byte boundary (its entries are read 16 bytes at a time)");
     }
   }
@@ -100,7 +102,6 @@ void check_resolve(const HiSparseResolveInputs& in, const HiSparseSlotState& sta
   check_outputs(where, out, T, K, device);
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
 // A pool or cache of rows: uint8 [rows, row_bytes], row_bytes a positive multiple of 16, 16-byte aligned.
 void check_row_pool(const char* where, const char* name, const Tensor& pool, const Device& device) {
