@@ -391,6 +391,53 @@ TEST_P(HiSparseResolveTest, ProductionRowsRebuildTheirSlotMapsAndStayExact) {
   }
 }
 
+// Calls of another shape between production calls, on the same state rows. A
+// GPU maps production rows only: it resolves the other calls by searching the
+// slots and marks the maps of the rows they touch for a rebuild, so the next
+// production call rebuilds rather than trust a map that missed a step. The
+// host maps both shapes and keeps its maps.
+TEST_P(HiSparseResolveTest, CallsOfAnotherShapeBetweenProductionCallsKeepTheMapsExact) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(15);
+  auto stream = device->create_stream();
+  const Shape shape = production_shape();
+  const HiSparseTables wide = make_tables(shape, rng);
+  HiSparseTables narrow = wide;
+  narrow.top_k = 1000;  // neither 2048 nor a power of two
+  HiSparseState state(shape.states, wide.hot_slots);
+  HiSparseRig rig(*device, *stream, wide, state, shape.requests, 16, hot_cache_blocks(wide, shape.states), rng, slot_map());
+  const std::int64_t words = hisparse_slot_map_words(wide.hot_slots);
+  std::vector<std::vector<std::int32_t>> previous(2);
+  for (int s = 0; s < 8; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    const bool production = s % 2 == 0;
+    const HiSparseTables& t = production ? wide : narrow;
+    // Steps 3 and 7 leave state row 1 out (a padding row).
+    const std::vector<std::int32_t> states = {0, s % 4 == 3 ? -1 : 1};
+    for (auto& sel : previous) sel = next_selection(t, sel, production ? 0.5 : 0.4, rng);  // at most K kept
+    const HiSparseStep step = make_step(t, {0, 1}, states, previous);
+    const HiSparseResult got = rig.run(step);
+    const HiSparseResult want = reference::resolve_model(t, step, state);
+    expect_same(got, want, t.top_k);
+    const int mapped = expect_state(rig, state);
+    expect_slots_hold_host_rows(rig, state);
+    if (!slot_map()) continue;
+    const auto map = download<std::int32_t>(*device, *stream, rig.slot_map.buffer, std::size_t(2 * words));
+    if (production) {
+      EXPECT_EQ(mapped, 2) << "a production call leaves both maps in step with the slots";
+    } else {
+      const bool searched = backend() != "host";
+      EXPECT_EQ(map[0] < 0, searched) << "state row 0 after a call of K = " << t.top_k;
+      if (states[1] < 0) {
+        EXPECT_GE(map[std::size_t(words)], 0) << "state row 1 sat the call out and keeps its map";
+      } else {
+        EXPECT_EQ(map[std::size_t(words)] < 0, searched) << "state row 1 after a call of K = " << t.top_k;
+      }
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 // A state that holds a host row in two slots (an engine can write one): the
 // slot map cannot name both, so such a row resolves exactly as it does
 // without the map, and its map stays marked for a rebuild.

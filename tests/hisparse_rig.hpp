@@ -46,12 +46,17 @@ struct HiSparseRig {
     hot_cache = device_tensor(d, s, std::vector<std::uint8_t>(std::size_t(hot_blocks) * t.hot_block_size * row_bytes, 0xEE),
                               {hot_blocks, t.hot_block_size, row_bytes});
     counters = device_tensor(d, s, std::vector<std::int64_t>(2, 0), {2});
-    const std::vector<std::int32_t> poison_rows(std::size_t(rows) * t.top_k, poison_i32);
+    allocate_outputs(t.top_k);
+  }
+
+  // Poisoned outputs for max_rows rows of `top_k` entries.
+  void allocate_outputs(std::int32_t top_k) {
+    const std::vector<std::int32_t> poison_rows(std::size_t(max_rows) * top_k, poison_i32);
     for (DeviceTensor* o : {&hot_indices, &attention, &resolved, &miss, &swap_host, &swap_device}) {
-      *o = device_tensor(d, s, poison_rows, {rows, t.top_k});
+      *o = device_tensor(device, stream, poison_rows, {max_rows, top_k});
     }
-    valid = device_tensor(d, s, std::vector<std::int32_t>(std::size_t(rows), poison_i32), {rows});
-    swaps = device_tensor(d, s, std::vector<std::int32_t>(std::size_t(rows), poison_i32), {rows});
+    valid = device_tensor(device, stream, std::vector<std::int32_t>(std::size_t(max_rows), poison_i32), {max_rows});
+    swaps = device_tensor(device, stream, std::vector<std::int32_t>(std::size_t(max_rows), poison_i32), {max_rows});
   }
 
   void set_state(const reference::HiSparseState& state) {
@@ -167,10 +172,13 @@ struct HiSparseRig {
   }
 
   // Runs one step on the device: poison, resolve, gather; returns the
-  // outputs of the step's rows.
+  // outputs of the step's rows. A step may select fewer entries a row than
+  // the tables' top_k (a call of another shape on the same state).
   reference::HiSparseResult run(const reference::HiSparseStep& step) {
     const std::int32_t T = step.rows();
-    const auto logical = device_tensor(device, stream, step.logical, {T, tables.top_k});
+    const auto K = static_cast<std::int32_t>(step.logical.size() / std::size_t(T));
+    if (K != hot_indices.tensor.dim(1)) allocate_outputs(K);
+    const auto logical = device_tensor(device, stream, step.logical, {T, K});
     const auto ids = device_tensor(device, stream, step.request_ids, {T});
     const auto states = device_tensor(device, stream, step.state_indices, {T});
     const auto hot_table = device_tensor(device, stream, step.hot_block_table, {T, tables.hot_blocks_per_row});
@@ -184,7 +192,7 @@ struct HiSparseRig {
     gather_hisparse(stream,
                     HiSparseGatherTensors{host_pool.tensor, hot_cache.tensor, swap_host.tensor, swap_device.tensor, swaps.tensor},
                     T);
-    const std::size_t n = std::size_t(T) * tables.top_k;
+    const std::size_t n = std::size_t(T) * std::size_t(K);
     reference::HiSparseResult r;
     r.hot_indices = download<std::int32_t>(device, stream, hot_indices.buffer, n);
     r.attention_indices = download<std::int32_t>(device, stream, attention.buffer, n);
