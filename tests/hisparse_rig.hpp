@@ -91,7 +91,7 @@ struct HiSparseRig {
       std::int32_t occupied = 0, live = 0;
       for (std::int32_t slot = 0; slot < H; ++slot) {
         const std::int32_t g = state_now.slot_rows[std::size_t(s) * H + slot];
-        const std::int32_t p = m[4 + slot];
+        const std::int32_t p = m[hisparse_slot_map_slot_positions + slot];
         if (g < 0) continue;
         ++occupied;
         EXPECT_GE(p, 0) << "state " << s << " slot " << slot << " holds host row " << g << " but has no map entry";

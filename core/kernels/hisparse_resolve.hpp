@@ -325,12 +325,15 @@ struct HiSparseResolve {
 
   KOKKOS_INLINE_FUNCTION hisparse::SlotMap slot_map(std::int64_t state_row) const {
     std::int32_t* base = a.slot_map + state_row * a.slot_map_stride;
-    return {base, base + 4, reinterpret_cast<std::uint64_t*>(base + a.slot_map_entries)};
+    return {base, base + hisparse_slot_map_slot_positions,
+            reinterpret_cast<std::uint64_t*>(base + hisparse_slot_map_entries(hot_slots()))};
   }
   // 4H positions in H buckets; a map is rebuilt before a step once more than
   // 2H positions have been used, so a step (at most K <= H inserts) always
   // leaves never-used entries, which end every lookup.
-  KOKKOS_INLINE_FUNCTION std::int32_t map_positions() const { return 4 * hot_slots(); }
+  KOKKOS_INLINE_FUNCTION std::int32_t map_positions() const {
+    return static_cast<std::int32_t>(hisparse_slot_map_positions(hot_slots()));
+  }
   KOKKOS_INLINE_FUNCTION std::int32_t map_used_limit() const { return 2 * hot_slots(); }
   KOKKOS_INLINE_FUNCTION std::int32_t map_first(std::int32_t key) const {
     return hisparse::hash_position(key, map_positions() / hisparse::map_bucket) * hisparse::map_bucket;

@@ -139,7 +139,6 @@ struct HiSparseResolveArgs {
   std::int64_t lru_stride;
   std::int32_t* slot_map;  // the state's slot map (hisparse_slot_map_words layout), or nullptr
   std::int64_t slot_map_stride;
-  std::int64_t slot_map_entries;  // hisparse_slot_map_entries(hot_slots): where a row's entries start
   std::int32_t num_state_rows;  // a state index outside [0, num_state_rows) is treated as padding
   // Outputs, [num_rows, top_k] with row stride out_stride unless noted.
   std::int32_t* hot_indices;

@@ -159,7 +159,6 @@ void resolve_hisparse(Stream& stream, const HiSparseResolveInputs& in, const HiS
   a.lru_stride = state.lru.stride(0);
   a.slot_map = data_or_null<std::int32_t>(state.slot_map);
   a.slot_map_stride = state.slot_map.defined() ? state.slot_map.stride(0) : 0;
-  a.slot_map_entries = hisparse_slot_map_entries(H);
   a.num_state_rows = static_cast<std::int32_t>(state.lru.dim(0));
   a.hot_indices = out.hot_indices.data_as<std::int32_t>();
   a.attention_indices = data_or_null<std::int32_t>(out.attention_indices);

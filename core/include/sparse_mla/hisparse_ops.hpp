@@ -50,11 +50,12 @@ struct HiSparseResolveInputs {
 //   [entries, +8H)       4H entries of two words: host row (-1 never used,
 //                        -2 removed) and slot; `entries` is a multiple of 4
 inline constexpr std::int32_t hisparse_slot_map_tag = 0x534d4150;  // "SMAP"
+inline constexpr std::int64_t hisparse_slot_map_slot_positions = 4;  // word of slot 0's entry position
 inline constexpr std::int64_t hisparse_slot_map_positions(std::int32_t hot_slots) {
   return 4 * static_cast<std::int64_t>(hot_slots);
 }
 inline constexpr std::int64_t hisparse_slot_map_entries(std::int32_t hot_slots) {
-  return 4 + (static_cast<std::int64_t>(hot_slots) + 3) / 4 * 4;
+  return hisparse_slot_map_slot_positions + (static_cast<std::int64_t>(hot_slots) + 3) / 4 * 4;
 }
 inline constexpr std::int64_t hisparse_slot_map_words(std::int32_t hot_slots) {
   return hisparse_slot_map_entries(hot_slots) + 2 * hisparse_slot_map_positions(hot_slots);
