@@ -438,6 +438,56 @@ TEST_P(HiSparseResolveTest, CallsOfAnotherShapeBetweenProductionCallsKeepTheMaps
   }
 }
 
+// A map with no never-used entry left (what rows sharing a state row, against
+// hisparse_ops.hpp's rule, can leave behind): every lookup walks the whole map
+// and ends, not found, and every insert finds no room and asks for a rebuild,
+// which the next step does. Here the map is full of host rows past the pool
+// and the slots are empty, so the first step is a cold resolve as the model
+// has it, and the second runs on the rebuilt map.
+TEST_P(HiSparseResolveTest, AFullSlotMapEndsItsWalksAndIsRebuilt) {
+  if (!slot_map()) GTEST_SKIP() << "a slot-map test";
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(16);
+  auto stream = device->create_stream();
+  const Shape shape = production_shape();
+  const HiSparseTables t = make_tables(shape, rng);
+  HiSparseState state(shape.states, t.hot_slots);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, true);
+  const std::int32_t H = t.hot_slots;
+  const std::int64_t words = hisparse_slot_map_words(H), first = hisparse_slot_map_entries(H);
+  std::vector<std::int32_t> full(std::size_t(shape.states * words), 0);
+  for (std::int32_t s = 0; s < shape.states; ++s) {
+    std::int32_t* m = &full[std::size_t(s * words)];
+    m[0] = 0;
+    m[1] = hisparse_slot_map_tag ^ H;
+    for (std::int32_t slot = 0; slot < H; ++slot) m[hisparse_slot_map_slot_positions + slot] = -1;
+    for (std::int64_t p = 0; p < hisparse_slot_map_positions(H); ++p) {
+      m[first + 2 * p] = (1 << 30) + static_cast<std::int32_t>(p);  // a host row past the pool: never selected
+      m[first + 2 * p + 1] = static_cast<std::int32_t>(p % H);
+    }
+  }
+  rig.slot_map = device_tensor(*device, *stream, full, {shape.states, words});
+  std::vector<std::vector<std::int32_t>> selections(2);
+  for (int step_index = 0; step_index < 2; ++step_index) {
+    SCOPED_TRACE("step " + std::to_string(step_index));
+    for (auto& sel : selections) sel = next_selection(t, sel, 0.5, rng);
+    const HiSparseStep step = make_step(t, {0, 1}, {0, 1}, selections);
+    const HiSparseResult got = rig.run(step);
+    const HiSparseResult want = reference::resolve_model(t, step, state);
+    expect_same(got, want, t.top_k);
+    expect_same_state(rig.state(), state);
+    expect_slots_hold_host_rows(rig, state);
+    const auto map = download<std::int32_t>(*device, *stream, rig.slot_map.buffer, std::size_t(2 * words));
+    if (step_index == 0) {
+      EXPECT_GT(map[0], 2 * H) << "an insert found no room and did not ask for a rebuild";
+      EXPECT_GT(map[std::size_t(words)], 2 * H) << "an insert found no room and did not ask for a rebuild";
+    } else {
+      EXPECT_EQ(rig.expect_slot_map_matches_slots(), 2) << "the second step rebuilds both maps";
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 // A state that holds a host row in two slots (an engine can write one): the
 // slot map cannot name both, so such a row resolves exactly as it does
 // without the map, and its map stays marked for a rebuild.

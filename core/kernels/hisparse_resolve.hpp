@@ -180,6 +180,10 @@ KOKKOS_INLINE_FUNCTION std::int32_t slot_of_hit(std::int32_t host_row) { return 
 constexpr std::uint64_t map_never_used = ~std::uint64_t{0};                       // host row -1
 constexpr std::uint64_t map_removed = (map_never_used << 32) | 0xFFFFFFFEu;      // host row -2
 constexpr std::int32_t map_bucket = 4;
+// A header count past any map's limit: an insert that found no room (rows
+// sharing a state row, against hisparse_ops.hpp's rule) asks for a rebuild
+// with it, whether or not the step's own count lands before or after.
+constexpr std::int32_t map_full = 1 << 30;
 KOKKOS_INLINE_FUNCTION std::uint64_t map_entry(std::int32_t host_row, std::int32_t slot) {
   return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(slot)) << 32) | static_cast<std::uint32_t>(host_row);
 }
@@ -353,7 +357,10 @@ struct HiSparseResolve {
   }
 
   // The slots holding N host rows (g[u] < 0: none), looked up together, one
-  // bucket of each per round; slot[u] -1 when no slot holds g[u].
+  // bucket of each per round; slot[u] -1 when no slot holds g[u]. A walk ends
+  // at a never-used entry, which a map used as documented always has; one
+  // that has met none after every bucket (a map filled by rows that share a
+  // state row, against hisparse_ops.hpp) ends there too, not found.
   template <int N>
   KOKKOS_INLINE_FUNCTION void find_in_map(const hisparse::SlotMap& m, const std::int32_t (&g)[N],
                                           std::int32_t (&slot)[N]) const {
@@ -366,7 +373,7 @@ struct HiSparseResolve {
       b[u] = open[u] ? map_first(g[u]) : 0;
       any = any || open[u];
     }
-    while (any) {
+    for (std::int32_t round = 0; any && round < map_positions() / hisparse::map_bucket; ++round) {
       any = false;
       std::uint64_t e[N][hisparse::map_bucket];
       for (int u = 0; u < N; ++u) {
@@ -402,11 +409,13 @@ struct HiSparseResolve {
   // holds now, which decides: g (a duplicate, in a rebuild), or anything else
   // (another thread's row, or an entry removed meanwhile: walk on). A bucket is
   // read once, never again from a cache that may be stale; walking past a
-  // removed entry only forgoes reusing it.
+  // removed entry only forgoes reusing it. Returns -1 when no bucket had room
+  // (only a map filled against hisparse_ops.hpp's rule can be full).
   KOKKOS_INLINE_FUNCTION std::int32_t insert_in_map(const hisparse::SlotMap& m, std::int32_t g, std::int32_t slot,
                                                     bool& duplicate) const {
     const std::uint64_t mine = hisparse::map_entry(g, slot);
-    for (std::int32_t b = map_first(g);; b = map_next(b)) {
+    std::int32_t b = map_first(g);
+    for (std::int32_t round = 0; round < map_positions() / hisparse::map_bucket; ++round, b = map_next(b)) {
       std::uint64_t e[hisparse::map_bucket];
       load_map_bucket(m.entries + b, e);
       // The bucket loop leaves by `break` (clang unrolls it whole and keeps
@@ -430,6 +439,7 @@ struct HiSparseResolve {
       }
       if (at >= 0) return at;
     }
+    return -1;
   }
 
   // Rebuilds the map from slot_rows (the first step of a state, or once the
@@ -450,8 +460,8 @@ struct HiSparseResolve {
       if (g >= 0) {
         bool duplicate = false;
         position = insert_in_map(m, g, slot, duplicate);
-        counts += duplicate ? high_count : 1u;
         if (duplicate) position = -1;
+        counts += position < 0 ? high_count : 1u;
       }
       m.slot_position[slot] = position;
     }
@@ -473,7 +483,7 @@ struct HiSparseResolve {
       b[u] = open[u] ? first_position(g[u]) : 0;
       any = any || open[u];
     }
-    while (any) {
+    for (std::int32_t round = 0; any && round < map_positions() / hisparse::map_bucket; ++round) {
       any = false;
       Bucket k[N];
       for (int u = 0; u < N; ++u) load_bucket(s, b[u], k[u]);
@@ -848,7 +858,9 @@ struct HiSparseResolve {
     const std::int32_t old = m.slot_position[slot];
     if (old >= 0) m.entries[old] = hisparse::map_removed;
     bool duplicate = false;  // g missed, so no entry holds it
-    m.slot_position[slot] = insert_in_map(m, g, slot, duplicate);
+    const std::int32_t position = insert_in_map(m, g, slot, duplicate);
+    m.slot_position[slot] = position;
+    if (position < 0) m.header[0] = hisparse::map_full;  // a map filled against the rule: rebuild it
   }
 
   // Pass 5.
@@ -965,11 +977,18 @@ struct HiSparseResolve {
     if (!can_map && a.slot_map != nullptr && !padding && team.team_rank() == 0) slot_map(state_row).header[0] = -1;
     if (mapped) {
       const hisparse::SlotMap map = slot_map(state_row);
-      // Every thread reads the header before any writes it. A row the library
-      // did not build (no tag: zeros, say) is rebuilt like one marked -1.
-      const Int4 header = *reinterpret_cast<const Int4*>(map.header);
-      const std::int32_t used = header.y == (hisparse_slot_map_tag ^ hot_slots()) ? header.x : -1;
-      if (used < 0 || used > map_used_limit()) {
+      // One thread reads the header and the team follows it, so that a header
+      // that changes meanwhile (rows sharing a state row, against the rule)
+      // cannot split the team's barriers. A row the library did not build (no
+      // tag: zeros, say) is rebuilt like one marked -1. totals[1][0] is next
+      // written after the rebuild's first barrier or pass 1's.
+      if (team.team_rank() == 0) {
+        const Int4 header = *reinterpret_cast<const Int4*>(map.header);
+        const std::int32_t used = header.y == (hisparse_slot_map_tag ^ hot_slots()) ? header.x : -1;
+        totals[1][0] = used < 0 || used > map_used_limit() ? 1u : 0u;
+      }
+      team.team_barrier();
+      if (totals[1][0] != 0) {
         std::uint32_t entered = 0;
         device::team_exclusive_sum(team, totals[1], rebuild_map(team, map, slot_rows), entered);
         mapped = (entered >> 16) == 0;

@@ -66,8 +66,9 @@ inline constexpr std::int64_t hisparse_slot_map_words(std::int32_t hot_slots) {
 // row); without one it searches the slots (the same results). On a GPU the
 // map serves rows of the production shape (K = 2048, H = 4096, block sizes
 // that are powers of two); rows of other shapes search and mark their map for
-// a rebuild. The non-padding rows of one call must have distinct state rows
-// (with a map, rows sharing one could leave it full and a lookup unending).
+// a rebuild. The non-padding rows of one call must have distinct state rows;
+// rows sharing one give undefined results (with a map they can fill it: its
+// lookups still end, and a full map is rebuilt by the next call).
 struct HiSparseSlotState {
   Tensor slot_rows;  // int32 [S, >= H]
   Tensor lru;        // int16 [S, H]: a permutation of [0, H), least recent first
