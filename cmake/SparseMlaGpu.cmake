@@ -105,6 +105,13 @@ function(sparse_mla_add_gpu_backend api kokkos_backend runtime arch_variable)
     set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/${api}_kernels.cpp TARGET_DIRECTORY sparse_mla
                  APPEND PROPERTY COMPILE_OPTIONS -lineinfo)
   endif()
+  if(_API STREQUAL "CUDA" AND SPARSE_MLA_WERROR AND Kokkos_CXX_COMPILER_ID STREQUAL "NVIDIA")
+    # nvcc's own diagnostics (a host function called from device code, which
+    # it compiles into code that does not run) are not the host compiler's:
+    # -Werror does not reach them. nvcc_wrapper passes --Werror=... to nvcc.
+    set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/${api}_kernels.cpp TARGET_DIRECTORY sparse_mla
+                 APPEND PROPERTY COMPILE_OPTIONS --Werror=all-warnings)
+  endif()
   target_compile_definitions(sparse_mla PRIVATE SPARSE_MLA_${_API}_KERNELS=1)
   _sparse_mla_kokkos_gpu_archs(${kokkos_backend} _archs)
   set(_wanted "${${arch_variable}}")

@@ -190,6 +190,18 @@ KOKKOS_INLINE_FUNCTION std::uint64_t map_entry(std::int32_t host_row, std::int32
 KOKKOS_INLINE_FUNCTION std::int32_t map_key(std::uint64_t e) { return static_cast<std::int32_t>(static_cast<std::uint32_t>(e)); }
 KOKKOS_INLINE_FUNCTION std::int32_t map_slot(std::uint64_t e) { return static_cast<std::int32_t>(e >> 32); }
 
+// The slot map's layout (sparse_mla/hisparse_ops.hpp) in functions device
+// code can call (the public ones are host constexpr functions), checked
+// against the public ones.
+KOKKOS_INLINE_FUNCTION constexpr std::int32_t map_positions(std::int32_t hot_slots) { return 4 * hot_slots; }
+KOKKOS_INLINE_FUNCTION constexpr std::int64_t map_entries_at(std::int32_t hot_slots) {
+  return hisparse_slot_map_slot_positions + (static_cast<std::int64_t>(hot_slots) + 3) / 4 * 4;
+}
+static_assert(map_positions(4096) == hisparse_slot_map_positions(4096) && map_positions(5) == hisparse_slot_map_positions(5),
+              "the kernel's slot map layout is hisparse_ops.hpp's");
+static_assert(map_entries_at(4096) == hisparse_slot_map_entries(4096) && map_entries_at(5) == hisparse_slot_map_entries(5),
+              "the kernel's slot map layout is hisparse_ops.hpp's");
+
 // The slot map of one state row.
 struct SlotMap {
   std::int32_t* header;         // [0]: entries written since the last rebuild (from above), -1: rebuild; [1]: tag ^ H
@@ -330,14 +342,12 @@ struct HiSparseResolve {
   KOKKOS_INLINE_FUNCTION hisparse::SlotMap slot_map(std::int64_t state_row) const {
     std::int32_t* base = a.slot_map + state_row * a.slot_map_stride;
     return {base, base + hisparse_slot_map_slot_positions,
-            reinterpret_cast<std::uint64_t*>(base + hisparse_slot_map_entries(hot_slots()))};
+            reinterpret_cast<std::uint64_t*>(base + hisparse::map_entries_at(hot_slots()))};
   }
   // 4H positions in H buckets; a map is rebuilt before a step once more than
   // 2H positions have been used, so a step (at most K <= H inserts) always
   // leaves never-used entries, which end every lookup.
-  KOKKOS_INLINE_FUNCTION std::int32_t map_positions() const {
-    return static_cast<std::int32_t>(hisparse_slot_map_positions(hot_slots()));
-  }
+  KOKKOS_INLINE_FUNCTION std::int32_t map_positions() const { return hisparse::map_positions(hot_slots()); }
   KOKKOS_INLINE_FUNCTION std::int32_t map_used_limit() const { return 2 * hot_slots(); }
   KOKKOS_INLINE_FUNCTION std::int32_t map_first(std::int32_t key) const {
     return hisparse::hash_position(key, map_positions() / hisparse::map_bucket) * hisparse::map_bucket;
@@ -483,7 +493,7 @@ struct HiSparseResolve {
       b[u] = open[u] ? first_position(g[u]) : 0;
       any = any || open[u];
     }
-    for (std::int32_t round = 0; any && round < map_positions() / hisparse::map_bucket; ++round) {
+    while (any) {
       any = false;
       Bucket k[N];
       for (int u = 0; u < N; ++u) load_bucket(s, b[u], k[u]);
