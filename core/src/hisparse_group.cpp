@@ -144,7 +144,7 @@ void HiSparseMLAIndexGroup::allocate_state() {
     check(where, "config.state.slot_map", engine.slot_map).dtype(DType::i32).rank(2).dim(0, S, "max_requests")
         .dim(1, map_words, "hisparse_slot_map_words(hot_slots)").contiguous().kind(MemoryKind::device).on(dev);
     fill_i32(stream, engine.slot_map, -1);
-  } else if (!engine.slot_rows.defined()) {
+  } else if (!engine.slot_rows.defined() && config_.slot_map) {
     slot_map_ = OwnedTensor(dev, DType::i32, {S, map_words});
     fill_i32(stream, slot_map_, -1);
   }

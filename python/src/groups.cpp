@@ -167,6 +167,7 @@ HiSparseConfig hisparse_config(const py::dict& d, DeviceHandle& device, Stream& 
     else if (key == "block_size") c.block_size = value.cast<std::int32_t>();
     else if (key == "attention_block_stride") c.attention_block_stride = value.cast<std::int64_t>();
     else if (key == "max_rows_per_request") c.max_rows_per_request = value.cast<std::int32_t>();
+    else if (key == "slot_map") c.slot_map = value.cast<bool>();
     else if (key == "state") {
       const py::dict state = value.cast<py::dict>();
       for (const auto& s : state) {
@@ -186,7 +187,7 @@ HiSparseConfig hisparse_config(const py::dict& d, DeviceHandle& device, Stream& 
       }
     } else {
       throw py::value_error("hisparse has no field '" + key + "' (top_k, hot_slots, host_pool_rows, max_requests, "
-                            "max_tokens_per_request, row_bytes, block_size, attention_block_stride, max_rows_per_request, state)");
+                            "max_tokens_per_request, row_bytes, block_size, attention_block_stride, max_rows_per_request, slot_map, state)");
     }
   }
   return c;
@@ -437,7 +438,7 @@ max_decode_rows None means max_tokens. device None: the buffer's (CPU memory: th
            py::arg("head_size") = py::none(), py::arg("kv_cache_dtype") = py::none(), py::arg("hisparse") = py::none(),
            py::arg("hisparse_storage") = py::none(),
            R"(Returns (group, layer_index). hisparse=dict(HiSparseConfig fields: top_k, hot_slots, host_pool_rows,
-max_requests, max_tokens_per_request, row_bytes, block_size, attention_block_stride, max_rows_per_request,
+max_requests, max_tokens_per_request, row_bytes, block_size, attention_block_stride, max_rows_per_request, slot_map,
 state=dict(slot_rows, lru, hot_block_table, slot_map)) makes the builder create HiSparse groups; hisparse_storage=dict(host_pool, hot_cache) binds the
 layer's caches to engine memory.)")
       .def_property_readonly("logical_topk_indices", &PyBuilder::logical_topk_indices)

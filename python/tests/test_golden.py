@@ -76,11 +76,12 @@ def test_fp8_golden_cases_upconvert_exactly_through_a_plain_group(arrays, stem):
     np.testing.assert_array_equal(arrays.bits(dst), t["dst"])
 
 
-# state: the slot state the group keeps ("group"), or the engine's own slot_rows
-# and lru, with a slot map ("engine") or without one ("engine-no-map"), which
-# the group resets. (h1 is not the production shape: on a GPU its rows search
+# state: the slot state the group keeps, with its slot map ("group") or without
+# (hisparse slot_map=False, "group-no-map"), or the engine's own slot_rows and
+# lru, with a slot map ("engine") or without one ("engine-no-map"), which the
+# group resets. (h1 is not the production shape: on a GPU its rows search
 # the slots either way; the map's own results are the C++ SlotMap tests'.)
-@pytest.mark.parametrize("state_owner", ["group", "engine", "engine-no-map"])
+@pytest.mark.parametrize("state_owner", ["group", "group-no-map", "engine", "engine-no-map"])
 def test_the_hisparse_golden_sequence_replays_exactly_through_a_group(arrays, state_owner):
     t, meta = read_case("h1_hisparse_6steps")
     B, K, H, bs = meta["batch_rows"], meta["top_k"], meta["hot_size"], meta["hot_block_size"]
@@ -90,7 +91,7 @@ def test_the_hisparse_golden_sequence_replays_exactly_through_a_group(arrays, st
     # state row, never used, makes the group's hot cache hold block 8.
     hot_by_state = arrays(np.vstack([t["hot_block_table_by_state"], [[0, 9]]]).astype(np.int32))
     state = dict(hot_block_table=hot_by_state)
-    if state_owner != "group":
+    if state_owner.startswith("engine"):
         if arrays.host:
             pytest.skip("engine-owned slot state must be device memory; NumPy arrays are host memory "
                         "(tests/engine_test.cpp gives the host backend's group an engine-owned slot map)")
@@ -102,8 +103,8 @@ def test_the_hisparse_golden_sequence_replays_exactly_through_a_group(arrays, st
     builder = sparse_mla.SparseMLAIndexGroupBuilder(logical, B)
     group, layer = builder.register_layer(True, kv_cache_dtype="fp8_ds_mla", hisparse=dict(
         top_k=K, hot_slots=H, host_pool_rows=meta["host_rows"], max_requests=states + 1, block_size=bs,
-        attention_block_stride=meta["attention_block_stride"], state=state))
-    if state_owner == "engine-no-map":
+        attention_block_stride=meta["attention_block_stride"], slot_map=state_owner != "group-no-map", state=state))
+    if state_owner.endswith("no-map"):
         assert group.slot_map is None
     else:
         assert (arrays.numpy(group.slot_map) == -1).all()  # reset by the group
