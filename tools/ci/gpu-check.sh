@@ -88,7 +88,7 @@ else
 fi
 # One bench process per group of cases, each bounded in time, so that one
 # slow case cannot cost the others their numbers.
-bench_groups=" ${BENCH_GROUPS:-ceiling floor convert upconvert group-step resolve resolve-search swap-in model-step pinned-gather miss-gather} "
+bench_groups=" ${BENCH_GROUPS:-ceiling floor convert upconvert group-step resolve resolve-search swap-in swap-in-search model-step pinned-gather miss-gather} "
 bench_group() { [[ "$bench_groups" == *" $1 "* ]]; }
 if want bench; then
   for cases in $bench_groups; do

@@ -1,8 +1,9 @@
 // The HiSparse swap-in (SPEC section 5): the residency resolve alone at 1,
-// 32 and 128 request rows (top-k 2048, 4096 hot slots, 50% hits), with the
-// slot map an index group keeps and without one (resolve-search/), and the
-// whole swap-in (resolve, then the row gather from the pinned host pool) at
-// 0, 50, 90, 99 and 100% hits. bench_hisparse_rig.hpp explains how each timed
+// 32 and 128 request rows (top-k 2048, 4096 hot slots, 50% hits) and at 1 and
+// 32 rows at 90, 99 and 100% hits, with the slot map an index group keeps and
+// without one (resolve-search/), and the whole swap-in (resolve, then the row
+// gather from the pinned host pool) at 0, 50, 90, 99 and 100% hits, and
+// without the map (swap-in-search/) at 90, 99 and 100%. bench_hisparse_rig.hpp explains how each timed
 // launch gets its exact hit rate; after the timed replays the device's hit
 // and miss counters must show exactly that rate.
 //
@@ -68,6 +69,16 @@ void add_hisparse_cases(std::vector<CaseSpec>& cases, const BenchConfig& config)
                      Ceiling::device_copy, false,
                      [rows, seed] { return std::make_unique<SwapInCase>(rows, fixed_for_hits(50), false, seed); }});
   }
+  // The resolve where most of a selection hits, 1 and 32 rows (8 with --quick).
+  const std::int32_t many = config.quick ? 8 : 32;
+  for (const std::int32_t rows : {1, many}) {
+    for (const int hits : {90, 99, 100}) {
+      const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows) + static_cast<std::uint64_t>(hits);
+      cases.push_back({"resolve/rows=" + std::to_string(rows) + ",hits=" + std::to_string(hits),
+                       std::to_string(rows) + " rows, K=2048, H=4096, " + std::to_string(hits) + "% hit", Ceiling::device_copy,
+                       false, [rows, hits, seed] { return std::make_unique<SwapInCase>(rows, fixed_for_hits(hits), false, seed); }});
+    }
+  }
   // The same resolves without a slot map: the kernel searches the slots.
   for (const std::int32_t rows : {1, 32, 128}) {
     const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows);
@@ -75,13 +86,28 @@ void add_hisparse_cases(std::vector<CaseSpec>& cases, const BenchConfig& config)
                      std::to_string(rows) + " rows, K=2048, H=4096, 50% hit, no slot map", Ceiling::device_copy, false,
                      [rows, seed] { return std::make_unique<SwapInCase>(rows, fixed_for_hits(50), false, seed, false); }});
   }
-  const std::int32_t rows = config.quick ? 8 : 32;
-  for (const int hits : {0, 50, 90, 99, 100}) {
-    const std::uint64_t seed = config.seed + 1000 + static_cast<std::uint64_t>(hits);
-    cases.push_back({"swap-in/rows=" + std::to_string(rows) + ",hits=" + std::to_string(hits),
-                     std::to_string(rows) + " rows, resolve+gather, " + std::to_string(hits) + "% hit",
-                     Ceiling::pinned_copy, false,
-                     [rows, hits, seed] { return std::make_unique<SwapInCase>(rows, fixed_for_hits(hits), true, seed); }});
+  for (const std::int32_t rows : {1, many}) {
+    for (const int hits : {90, 99, 100}) {
+      const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows) + static_cast<std::uint64_t>(hits);
+      cases.push_back({"resolve-search/rows=" + std::to_string(rows) + ",hits=" + std::to_string(hits),
+                       std::to_string(rows) + " rows, K=2048, H=4096, " + std::to_string(hits) + "% hit, no slot map",
+                       Ceiling::device_copy, false, [rows, hits, seed] {
+                         return std::make_unique<SwapInCase>(rows, fixed_for_hits(hits), false, seed, false);
+                       }});
+    }
+  }
+  const std::int32_t rows = many;
+  for (const bool slot_map : {true, false}) {
+    for (const int hits : slot_map ? std::vector<int>{0, 50, 90, 99, 100} : std::vector<int>{90, 99, 100}) {
+      const std::uint64_t seed = config.seed + 1000 + static_cast<std::uint64_t>(hits);
+      cases.push_back({std::string(slot_map ? "swap-in" : "swap-in-search") + "/rows=" + std::to_string(rows) +
+                           ",hits=" + std::to_string(hits),
+                       std::to_string(rows) + " rows, resolve+gather, " + std::to_string(hits) + "% hit" +
+                           (slot_map ? "" : ", no slot map"),
+                       Ceiling::pinned_copy, false, [rows, hits, seed, slot_map] {
+                         return std::make_unique<SwapInCase>(rows, fixed_for_hits(hits), true, seed, slot_map);
+                       }});
+    }
   }
 }
 
