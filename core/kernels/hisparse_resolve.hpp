@@ -955,7 +955,9 @@ struct HiSparseResolve {
     for (std::int32_t m = team.team_rank(); m < misses; m += threads(team)) {
       move_in_map(map, a.swap_host_rows[row * a.out_stride + m], s.lru[untouched + m]);
     }
-    if (team.team_rank() == 0) map.header[0] += misses;
+    // An atomic add: an insert that found no room (rows sharing a state row,
+    // against the rule) may be storing map_full meanwhile, and must not be lost.
+    if (team.team_rank() == 0) Kokkos::atomic_add(&map.header[0], misses);
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
