@@ -221,6 +221,18 @@ void expect_slots_hold_host_rows(HiSparseRig& rig, const HiSparseState& state) {
   EXPECT_GT(occupied, 0);
 }
 
+// Runs `step` on the rig and through the model (which updates `state`): the
+// outputs, the slot state and the hot slots' bytes agree. Returns the model's
+// result. The slot map is the caller's to check.
+HiSparseResult run_step_as_model(HiSparseRig& rig, const HiSparseTables& t, const HiSparseStep& step, HiSparseState& state) {
+  const HiSparseResult got = rig.run(step);
+  HiSparseResult want = reference::resolve_model(t, step, state);
+  expect_same(got, want, t.top_k);
+  expect_same_state(rig.state(), state);
+  expect_slots_hold_host_rows(rig, state);
+  return want;
+}
+
 std::vector<std::int32_t> iota_vec(std::int32_t n, std::int32_t start = 0) {
   std::vector<std::int32_t> v(static_cast<std::size_t>(n));
   std::iota(v.begin(), v.end(), start);
@@ -316,12 +328,8 @@ void run_random_steps(HiSparseRig& rig, const Shape& shape, HiSparseState& state
       }
       selections.push_back(sel);
     }
-    const HiSparseStep step = make_step(t, order, states, selections);
-    const HiSparseResult got = rig.run(step);
-    const HiSparseResult want = reference::resolve_model(t, step, state);
-    expect_same(got, want, t.top_k);
-    expect_state(rig, state);
-    expect_slots_hold_host_rows(rig, state);
+    const HiSparseResult want = run_step_as_model(rig, t, make_step(t, order, states, selections), state);
+    rig.expect_slot_map_matches_slots();
     if (after_step) after_step();
     hits += want.hits;
     misses += want.misses;
@@ -415,12 +423,8 @@ TEST_P(HiSparseResolveTest, CallsOfAnotherShapeBetweenProductionCallsKeepTheMaps
     // Steps 3 and 7 leave state row 1 out (a padding row).
     const std::vector<std::int32_t> states = {0, s % 4 == 3 ? -1 : 1};
     for (auto& sel : previous) sel = next_selection(t, sel, production ? 0.5 : 0.4, rng);  // at most K kept
-    const HiSparseStep step = make_step(t, {0, 1}, states, previous);
-    const HiSparseResult got = rig.run(step);
-    const HiSparseResult want = reference::resolve_model(t, step, state);
-    expect_same(got, want, t.top_k);
-    const int mapped = expect_state(rig, state);
-    expect_slots_hold_host_rows(rig, state);
+    run_step_as_model(rig, t, make_step(t, {0, 1}, states, previous), state);
+    const int mapped = rig.expect_slot_map_matches_slots();
     if (!slot_map()) continue;
     const auto map = download<std::int32_t>(*device, *stream, rig.slot_map.buffer, std::size_t(2 * words));
     if (production) {
@@ -471,12 +475,7 @@ TEST_P(HiSparseResolveTest, AFullSlotMapEndsItsWalksAndIsRebuilt) {
   for (int step_index = 0; step_index < 2; ++step_index) {
     SCOPED_TRACE("step " + std::to_string(step_index));
     for (auto& sel : selections) sel = next_selection(t, sel, 0.5, rng);
-    const HiSparseStep step = make_step(t, {0, 1}, {0, 1}, selections);
-    const HiSparseResult got = rig.run(step);
-    const HiSparseResult want = reference::resolve_model(t, step, state);
-    expect_same(got, want, t.top_k);
-    expect_same_state(rig.state(), state);
-    expect_slots_hold_host_rows(rig, state);
+    run_step_as_model(rig, t, make_step(t, {0, 1}, {0, 1}, selections), state);
     const auto map = download<std::int32_t>(*device, *stream, rig.slot_map.buffer, std::size_t(2 * words));
     if (step_index == 0) {
       EXPECT_GT(map[0], 2 * H) << "an insert found no room and did not ask for a rebuild";

@@ -63,49 +63,42 @@ class SwapInCase final : public BenchCase {
 }  // namespace
 
 void add_hisparse_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
-  for (const std::int32_t rows : {1, 32, 128}) {
-    const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows);
-    cases.push_back({"resolve/rows=" + std::to_string(rows), std::to_string(rows) + " rows, K=2048, H=4096, 50% hit",
-                     Ceiling::device_copy, false,
-                     [rows, seed] { return std::make_unique<SwapInCase>(rows, fixed_for_hits(50), false, seed); }});
-  }
-  // The resolve where most of a selection hits, 1 and 32 rows (8 with --quick).
+  // The resolve alone: 1, 32 and 128 rows at 50% hits, and where most of a
+  // selection hits, 1 and 32 rows (8 with --quick) at 90, 99 and 100%; with the
+  // slot map an index group keeps (resolve/), then without one: the kernel
+  // searches the slots (resolve-search/).
   const std::int32_t many = config.quick ? 8 : 32;
-  for (const std::int32_t rows : {1, many}) {
-    for (const int hits : {90, 99, 100}) {
-      const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows) + static_cast<std::uint64_t>(hits);
-      cases.push_back({"resolve/rows=" + std::to_string(rows) + ",hits=" + std::to_string(hits),
-                       std::to_string(rows) + " rows, K=2048, H=4096, " + std::to_string(hits) + "% hit", Ceiling::device_copy,
-                       false, [rows, hits, seed] { return std::make_unique<SwapInCase>(rows, fixed_for_hits(hits), false, seed); }});
-    }
-  }
-  // The same resolves without a slot map: the kernel searches the slots.
-  for (const std::int32_t rows : {1, 32, 128}) {
-    const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows);
-    cases.push_back({"resolve-search/rows=" + std::to_string(rows),
-                     std::to_string(rows) + " rows, K=2048, H=4096, 50% hit, no slot map", Ceiling::device_copy, false,
-                     [rows, seed] { return std::make_unique<SwapInCase>(rows, fixed_for_hits(50), false, seed, false); }});
-  }
-  for (const std::int32_t rows : {1, many}) {
-    for (const int hits : {90, 99, 100}) {
-      const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows) + static_cast<std::uint64_t>(hits);
-      cases.push_back({"resolve-search/rows=" + std::to_string(rows) + ",hits=" + std::to_string(hits),
-                       std::to_string(rows) + " rows, K=2048, H=4096, " + std::to_string(hits) + "% hit, no slot map",
-                       Ceiling::device_copy, false, [rows, hits, seed] {
-                         return std::make_unique<SwapInCase>(rows, fixed_for_hits(hits), false, seed, false);
+  for (const bool slot_map : {true, false}) {
+    const std::string name = slot_map ? "resolve" : "resolve-search";
+    const std::string no_map = slot_map ? "" : ", no slot map";
+    for (const std::int32_t rows : {1, 32, 128}) {
+      const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows);
+      cases.push_back({name + "/rows=" + std::to_string(rows), std::to_string(rows) + " rows, K=2048, H=4096, 50% hit" + no_map,
+                       Ceiling::device_copy, false, [rows, seed, slot_map] {
+                         return std::make_unique<SwapInCase>(rows, fixed_for_hits(50), false, seed, slot_map);
                        }});
     }
+    for (const std::int32_t rows : {1, many}) {
+      for (const int hits : {90, 99, 100}) {
+        const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows) + static_cast<std::uint64_t>(hits);
+        cases.push_back({name + "/rows=" + std::to_string(rows) + ",hits=" + std::to_string(hits),
+                         std::to_string(rows) + " rows, K=2048, H=4096, " + std::to_string(hits) + "% hit" + no_map,
+                         Ceiling::device_copy, false, [rows, hits, seed, slot_map] {
+                           return std::make_unique<SwapInCase>(rows, fixed_for_hits(hits), false, seed, slot_map);
+                         }});
+      }
+    }
   }
-  const std::int32_t rows = many;
+  // The swap-in: with the map at every hit rate, without it where selections repeat.
   for (const bool slot_map : {true, false}) {
     for (const int hits : slot_map ? std::vector<int>{0, 50, 90, 99, 100} : std::vector<int>{90, 99, 100}) {
       const std::uint64_t seed = config.seed + 1000 + static_cast<std::uint64_t>(hits);
-      cases.push_back({std::string(slot_map ? "swap-in" : "swap-in-search") + "/rows=" + std::to_string(rows) +
+      cases.push_back({std::string(slot_map ? "swap-in" : "swap-in-search") + "/rows=" + std::to_string(many) +
                            ",hits=" + std::to_string(hits),
-                       std::to_string(rows) + " rows, resolve+gather, " + std::to_string(hits) + "% hit" +
+                       std::to_string(many) + " rows, resolve+gather, " + std::to_string(hits) + "% hit" +
                            (slot_map ? "" : ", no slot map"),
-                       Ceiling::pinned_copy, false, [rows, hits, seed, slot_map] {
-                         return std::make_unique<SwapInCase>(rows, fixed_for_hits(hits), true, seed, slot_map);
+                       Ceiling::pinned_copy, false, [many, hits, seed, slot_map] {
+                         return std::make_unique<SwapInCase>(many, fixed_for_hits(hits), true, seed, slot_map);
                        }});
     }
   }
