@@ -12,7 +12,9 @@
 #   e.g. bash tools/ci/gpu-profile.sh "$KOKKOS" prof HiSparseResolve '^resolve/rows=128$' 128
 #        bash tools/ci/gpu-profile.sh "$KOKKOS" prof-dcp 'ConvertRounds.*Dcp<' '^convert-dcp/T=1$' 1 \
 #          --dcp-size 8 --dcp-rank 3 --dcp-interleave 1 --compact
-# Environment: DEPS_PREFIX as for gpu-check.sh; PRESET (cuda, or cuda-portable).
+# Environment: DEPS_PREFIX as for gpu-check.sh; PRESET (cuda, or cuda-portable);
+# NCU_OPTIONS, more options for ncu (`--warp-sampling-interval 0` samples the
+# stalls of a short launch as often as ncu can).
 # Used for the profiles recorded in docs/PERFORMANCE.md.
 set -uo pipefail
 kokkos=${1:?Kokkos prefix}
@@ -34,7 +36,7 @@ if ! cmake --preset "${PRESET:-cuda}" -B "$build" -DKokkos_ROOT="$kokkos" "-DCMA
   exit 1
 fi
 if ! ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$kernel" --launch-skip 3 --launch-count 1 \
-       --set full --import-source yes -f -o "$out/profile" \
+       --set full --import-source yes ${NCU_OPTIONS:-} -f -o "$out/profile" \
        "$build/bin/sparse-mla" bench --backend cuda --filter "$filter" "$@" > "$out/ncu.log" 2>&1; then
   echo "gpu-profile: ncu failed (see $out/ncu.log)"
   tail -n 20 "$out/ncu.log"
