@@ -37,8 +37,9 @@ std::string describe(const DcpShape& s, const DcpConfig& d) {
 }
 
 // Shapes that take each launch of the conversion kernel on GPUs: whole
-// rounds (K = 2048 below 512 tokens and from 2048), the general kernel with
-// 2 and 4 units in flight, 16-byte units and single entries.
+// rounds (K = 2048 below 512 tokens and from 2048; compacted, staged from
+// 512 tokens, two units in flight from 8192), the general kernel with 2 and
+// 4 units in flight, 16-byte units and single entries.
 const DcpShape shapes[] = {
     {1, 2048, 1, 40, 64},    // decode: one whole round
     {9, 256, 3, 6, 64},      // the golden d1 shape
@@ -48,6 +49,7 @@ const DcpShape shapes[] = {
     {600, 2048, 5, 30, 64},  // 512 <= T < 2048: 4 units in flight
     {2100, 2048, 3, 20, 64}, // whole rounds of 256 x 1
     {8200, 64, 4, 10, 16},   // T >= 8192: 2 units in flight
+    {8192, 2048, 3, 20, 64}, // T >= 8192, whole rounds of 256 x 2 (compacted: staged)
     {3, 4096, 2, 70, 64},    // two whole rounds
     {4, 384, 2, 12, 48},     // block size not a power of two
     {5, 16, 2, 4, 8},        // K = 16: one whole round on host spaces

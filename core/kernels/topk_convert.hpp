@@ -783,16 +783,15 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
   return true;
 }
 
-// launch_rounds for Compaction::scatter, with the shift form of a
-// compacted split's ownership where it computes it (Dcp::shifts()): rows of
-// few tokens, whose time their instructions decide.
-template <class Space, int Threads, int UnitsInFlight, class Split, class Dcp>
-bool launch_scatter_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows,
+// launch_rounds with the shift form of a compacted split's ownership where
+// it computes it (Dcp::shifts()), which saves instructions on every entry.
+template <class Space, int Threads, int UnitsInFlight, Compaction How = Compaction::scatter, class Split, class Dcp>
+bool launch_shifted_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows,
                            std::int64_t units) {
   if constexpr (Dcp::compact) {
-    if (dcp.shifts()) return launch_rounds<Space, Threads, UnitsInFlight>(space, p, dcp.shifted(), rows, units);
+    if (dcp.shifts()) return launch_rounds<Space, Threads, UnitsInFlight, How>(space, p, dcp.shifted(), rows, units);
   }
-  return launch_rounds<Space, Threads, UnitsInFlight>(space, p, dcp, rows, units);
+  return launch_rounds<Space, Threads, UnitsInFlight, How>(space, p, dcp, rows, units);
 }
 
 // The kernel's parameters for `a`. A table without blocks has nothing valid
@@ -831,21 +830,23 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
       // CI runs both ways.
       bool launched = false;
       if constexpr (Dcp::compact) {
-        if (a.num_tokens >= 512) launched = launch_rounds<Space, 1, 4, Compaction::stage>(space, p, dcp, a.num_tokens, units);
+        if (a.num_tokens >= 512) {
+          launched = launch_shifted_rounds<Space, 1, 4, Compaction::stage>(space, p, dcp, a.num_tokens, units);
+        }
       }
-      if (launched || launch_scatter_rounds<Space, 1, 4>(space, p, dcp, a.num_tokens, units)) return;
+      if (launched || launch_shifted_rounds<Space, 1, 4>(space, p, dcp, a.num_tokens, units)) return;
       launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, 1);
     } else {
       launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, 1);
     }
   } else {
-    // Team shapes chosen by measurement on the H200 (K = 2048, graph
-    // replays, rotated inputs; docs/PERFORMANCE.md has the figures and the
-    // shapes tried): a few tokens want many threads with few loads each
-    // (below 512 tokens: 256 threads x two 16-byte units), a full device
-    // fewer threads with more loads each (128 x 4 below 8192 tokens, 128 x 2
-    // from there). Small rows shrink the team to the warps their units fill
-    // (at least one: K >= 1).
+    // Team shapes chosen by measurement (K = 2048, graph replays, rotated
+    // inputs; docs/PERFORMANCE.md has the figures and the shapes tried): a
+    // few tokens want many threads with few loads each (below 512 tokens:
+    // 256 threads x two 16-byte units), a full device fewer threads with
+    // more loads each (128 x 4 below 8192 tokens, 128 x 2 from there). Small
+    // rows shrink the team to the warps their units fill (at least one:
+    // K >= 1).
     //
     // Rows of whole rounds take ConvertRounds where it beat Convert: below
     // 512 tokens at 512 threads x 1 unit, and from 2048 to 8191 tokens at
@@ -853,8 +854,8 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
     // 128 x 4 the compiler put ConvertRounds' third and fourth index loads
     // behind its first table loads). Compacted DCP rows below 512 tokens
     // take ConvertRounds' Compaction::scatter, from 512 to 8191 tokens its
-    // Compaction::stage at 256 x 1 (K up to max_staged_topk; longer rows
-    // take Convert).
+    // Compaction::stage at 256 x 1, from 8192 the stage at 256 x 2 (K up to
+    // max_staged_topk; longer rows take Convert).
     auto threads_for = [&](int base, int in_flight) {
       const std::int64_t needed = (units + in_flight - 1) / in_flight;
       return static_cast<int>(needed >= base ? base : (needed + 31) / 32 * 32);
@@ -862,16 +863,19 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
     if (!vector4) {
       launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
     } else if (a.num_tokens < 512) {
-      if (launch_scatter_rounds<Space, 512, 1>(space, p, dcp, a.num_tokens, units)) return;
+      if (launch_shifted_rounds<Space, 512, 1>(space, p, dcp, a.num_tokens, units)) return;
       launch<Space, Int4, 2>(space, p, dcp, a.num_tokens, threads_for(256, 2));
     } else if (a.num_tokens < 8192) {
       if constexpr (Dcp::compact) {
-        if (launch_rounds<Space, 256, 1, Compaction::stage>(space, p, dcp, a.num_tokens, units)) return;
+        if (launch_shifted_rounds<Space, 256, 1, Compaction::stage>(space, p, dcp, a.num_tokens, units)) return;
       } else {
         if (a.num_tokens >= 2048 && launch_rounds<Space, 256, 1>(space, p, dcp, a.num_tokens, units)) return;
       }
       launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
     } else {
+      if constexpr (Dcp::compact) {
+        if (launch_shifted_rounds<Space, 256, 2, Compaction::stage>(space, p, dcp, a.num_tokens, units)) return;
+      }
       launch<Space, Int4, 2>(space, p, dcp, a.num_tokens, threads_for(128, 2));
     }
   }

@@ -188,6 +188,38 @@ void launch(const Space& space, const sparse_mla::TopkConvertArgs& a, int thread
 }
 }  // namespace shapes
 
+// The library's compacted DCP kernels (rank 3 of 8, interleave 1: the split
+// of `sparse-mla bench`'s DCP figures) at the compactions and team shapes
+// convert_split() chooses among.
+namespace dcp_shapes {
+using sparse_mla::kernels::topk::Compaction;
+constexpr int size = 8, rank = 3, interleave = 1;
+using Dcp = sparse_mla::kernels::topk::Dcp<true>;
+
+sparse_mla::TopkConvertArgs with_dcp(sparse_mla::TopkConvertArgs a) {
+  a.dcp_size = size;
+  a.dcp_rank = rank;
+  a.dcp_interleave = interleave;
+  a.dcp_compact = true;
+  return a;
+}
+template <int Threads, int N, Compaction How, bool Shifts>
+void rounds(const Space& space, const sparse_mla::TopkConvertArgs& a) {
+  using namespace sparse_mla::kernels;
+  const auto p = topk::params_of(a, BlockShift::of(64));
+  const Dcp dcp = Dcp::of(size, rank, interleave);
+  const bool launched = Shifts ? topk::launch_rounds<Space, Threads, N, How>(space, p, dcp.shifted(), a.num_tokens, K / 4)
+                               : topk::launch_rounds<Space, Threads, N, How>(space, p, dcp, a.num_tokens, K / 4);
+  if (!launched) check(cudaErrorInvalidConfiguration, "launch_rounds: not whole rounds");
+}
+template <int N>
+void convert(const Space& space, const sparse_mla::TopkConvertArgs& a, int threads) {
+  using namespace sparse_mla::kernels;
+  topk::launch<Space, Int4, N>(space, topk::params_of(a, BlockShift::of(64)), Dcp::of(size, rank, interleave),
+                               a.num_tokens, threads);
+}
+}  // namespace dcp_shapes
+
 struct EmptyTeam {
   KOKKOS_INLINE_FUNCTION void operator()(const Kokkos::TeamPolicy<Space>::member_type&) const {}
 };
@@ -274,6 +306,34 @@ struct Inputs {
     }
     return "";
   }
+
+  // The same for dcp_shapes' split, compacted (SPEC section 2a): a row's
+  // owned positions, localized and converted, in input order, then -1.
+  std::string compare_dcp() const {
+    using namespace dcp_shapes;
+    std::vector<int> physical(entries()), valid(static_cast<std::size_t>(tokens));
+    check(cudaMemcpy(physical.data(), out(0), entries() * 4, cudaMemcpyDeviceToHost), "download");
+    check(cudaMemcpy(valid.data(), counts(0), valid.size() * 4, cudaMemcpyDeviceToHost), "download");
+    for (int t = 0; t < tokens; ++t) {
+      int count = 0;
+      const std::size_t row = static_cast<std::size_t>(t) * K;
+      for (int j = 0; j < K; ++j) {
+        const int tok = logical[row + static_cast<std::size_t>(j)];
+        if (tok < 0 || (tok / interleave) % size != rank) continue;
+        const int local = tok / (size * interleave) * interleave + tok % interleave;
+        const int want = table[static_cast<std::size_t>(req[static_cast<std::size_t>(t)]) * blocks_per_request +
+                               static_cast<std::size_t>(local / block_size)] * block_size + local % block_size;
+        if (physical[row + static_cast<std::size_t>(count++)] != want) {
+          return "physical[" + std::to_string(t) + ", " + std::to_string(count - 1) + "] differs";
+        }
+      }
+      for (int j = count; j < K; ++j) {
+        if (physical[row + static_cast<std::size_t>(j)] != -1) return "tail of token " + std::to_string(t) + " not -1";
+      }
+      if (valid[static_cast<std::size_t>(t)] != count) return "count of token " + std::to_string(t) + " differs";
+    }
+    return "";
+  }
 };
 
 }  // namespace
@@ -288,9 +348,9 @@ int main(int argc, char** argv) {
     std::printf("%-8s %-26s %10s %10s  %s\n", "T", "kernel", "us", "GB/s", "check");
     const char* only_t = std::getenv("CVC_T");
     const char* only_v = std::getenv("CVC_V");
-    for (const int T : {1, 256, 1024, 32768}) {
+    for (const int T : {1, 256, 1024, 8192, 32768}) {
       if (only_t && std::atoi(only_t) != T) continue;
-      const int sets = T >= 32768 ? 2 : (T >= 1024 ? 8 : 32);
+      const int sets = T >= 8192 ? 2 : (T >= 1024 ? 8 : 32);
       Inputs in(T, sets);
       const int units = K / 4;
       auto raw = [&](auto kernel, int threads) {
@@ -307,50 +367,69 @@ int main(int argc, char** argv) {
                                         reinterpret_cast<int4*>(in.out(s)), in.counts(s), units, shape);
         };
       };
+      enum class Check { none, plain, counts, dcp };
       struct Variant {
         std::string name;
         std::function<void(int)> launch;
-        bool checked;
-        bool counts;
+        Check check;
+      };
+      using dcp_shapes::Compaction;
+      auto dcp_rounds = [&](auto launcher) {
+        return [&, launcher](int s) { launcher(space, dcp_shapes::with_dcp(in.args(s, true))); };
       };
       const std::vector<Variant> variants = {
-          {"kokkos (library)", [&](int s) { sparse_mla::kernels::convert_topk(space, in.args(s, true)); }, true, true},
-          {"kokkos, no counts", [&](int s) { sparse_mla::kernels::convert_topk(space, in.args(s, false)); }, true, false},
-          {"kokkos 256 x 2 units", [&](int s) { shapes::launch<2>(space, in.args(s, true), 256); }, true, true},
-          {"kokkos 512 x 1 unit", [&](int s) { shapes::launch<1>(space, in.args(s, true), 512); }, true, true},
-          {"kokkos 128 x 4 units", [&](int s) { shapes::launch<4>(space, in.args(s, true), 128); }, true, true},
-          {"kokkos 512 x 2 units", [&](int s) { shapes::launch<2>(space, in.args(s, true), 512); }, true, true},
-          {"kokkos 128 x 2 units", [&](int s) { shapes::launch<2>(space, in.args(s, true), 128); }, true, true},
-          {"raw 512 x 1 unit", raw(raw_convert<512, 1>, 512), true, true},
-          {"raw 256 x 2 units", raw(raw_convert<256, 2>, 256), true, true},
-          {"raw 128 x 4 units", raw(raw_convert<128, 4>, 128), true, true},
-          {"triton-like 256 x 2 units", tri(triton_like_convert<true, true, true>), true, true},
-          {"triton-like, count after stores", tri(triton_like_convert<false, true, true>), true, true},
-          {"triton-like, unpredicated loads", tri(triton_like_convert<true, false, true>), true, true},
-          {"triton-like, runtime shape", tri(triton_like_convert<true, true, false>), true, true},
-          {"triton-like, none of the three", tri(triton_like_convert<false, false, false>), true, true},
+          {"kokkos (library)", [&](int s) { sparse_mla::kernels::convert_topk(space, in.args(s, true)); }, Check::counts},
+          {"kokkos, no counts", [&](int s) { sparse_mla::kernels::convert_topk(space, in.args(s, false)); }, Check::plain},
+          {"kokkos 256 x 2 units", [&](int s) { shapes::launch<2>(space, in.args(s, true), 256); }, Check::counts},
+          {"kokkos 512 x 1 unit", [&](int s) { shapes::launch<1>(space, in.args(s, true), 512); }, Check::counts},
+          {"kokkos 128 x 4 units", [&](int s) { shapes::launch<4>(space, in.args(s, true), 128); }, Check::counts},
+          {"kokkos 512 x 2 units", [&](int s) { shapes::launch<2>(space, in.args(s, true), 512); }, Check::counts},
+          {"kokkos 128 x 2 units", [&](int s) { shapes::launch<2>(space, in.args(s, true), 128); }, Check::counts},
+          {"raw 512 x 1 unit", raw(raw_convert<512, 1>, 512), Check::counts},
+          {"raw 256 x 2 units", raw(raw_convert<256, 2>, 256), Check::counts},
+          {"raw 128 x 4 units", raw(raw_convert<128, 4>, 128), Check::counts},
+          {"triton-like 256 x 2 units", tri(triton_like_convert<true, true, true>), Check::counts},
+          {"triton-like, count after stores", tri(triton_like_convert<false, true, true>), Check::counts},
+          {"triton-like, unpredicated loads", tri(triton_like_convert<true, false, true>), Check::counts},
+          {"triton-like, runtime shape", tri(triton_like_convert<true, true, false>), Check::counts},
+          {"triton-like, none of the three", tri(triton_like_convert<false, false, false>), Check::counts},
           {"kokkos empty team kernel",
            [&](int) {
              Kokkos::TeamPolicy<Space> policy(space, T, 16, 32);
              policy.set_scratch_size(0, Kokkos::PerTeam(64));
              Kokkos::parallel_for(policy, EmptyTeam{});
            },
-           false, false},
-          {"raw empty kernel", [&](int) { empty_kernel<<<T, 512, 0, stream>>>(); }, false, false},
+           Check::none},
+          {"raw empty kernel", [&](int) { empty_kernel<<<T, 512, 0, stream>>>(); }, Check::none},
+          {"dcp (library)", [&](int s) { sparse_mla::kernels::convert_topk(space, dcp_shapes::with_dcp(in.args(s, true))); },
+           Check::dcp},
+          {"dcp scatter 512 x 1", dcp_rounds(dcp_shapes::rounds<512, 1, Compaction::scatter, true>), Check::dcp},
+          {"dcp scatter 256 x 2", dcp_rounds(dcp_shapes::rounds<256, 2, Compaction::scatter, true>), Check::dcp},
+          {"dcp stage 256 x 1", dcp_rounds(dcp_shapes::rounds<256, 1, Compaction::stage, false>), Check::dcp},
+          {"dcp stage 256 x 1, shifts", dcp_rounds(dcp_shapes::rounds<256, 1, Compaction::stage, true>), Check::dcp},
+          {"dcp stage 512 x 1", dcp_rounds(dcp_shapes::rounds<512, 1, Compaction::stage, false>), Check::dcp},
+          {"dcp stage 256 x 2", dcp_rounds(dcp_shapes::rounds<256, 2, Compaction::stage, false>), Check::dcp},
+          {"dcp stage 256 x 2, shifts", dcp_rounds(dcp_shapes::rounds<256, 2, Compaction::stage, true>), Check::dcp},
+          {"dcp convert 128 x 2", [&](int s) { dcp_shapes::convert<2>(space, dcp_shapes::with_dcp(in.args(s, true)), 128); },
+           Check::dcp},
+          {"dcp convert 256 x 2", [&](int s) { dcp_shapes::convert<2>(space, dcp_shapes::with_dcp(in.args(s, true)), 256); },
+           Check::dcp},
+          {"dcp convert 128 x 4", [&](int s) { dcp_shapes::convert<4>(space, dcp_shapes::with_dcp(in.args(s, true)), 128); },
+           Check::dcp},
       };
       for (const Variant& v : variants) {
         if (only_v && v.name.find(only_v) == std::string::npos) continue;
         std::string verdict = "-";
-        if (v.checked) {
+        if (v.check != Check::none) {
           check(cudaMemsetAsync(in.out(0), 0xA5, in.entries() * 4, stream), "poison");
           check(cudaMemsetAsync(in.counts(0), 0xA5, static_cast<std::size_t>(T) * 4, stream), "poison");
           v.launch(0);
           check(cudaStreamSynchronize(stream), "check run");
-          verdict = in.compare(v.counts);
+          verdict = v.check == Check::dcp ? in.compare_dcp() : in.compare(v.check == Check::counts);
           if (!verdict.empty()) status = 1;
           if (verdict.empty()) verdict = "ok";
         }
-        const double us = time_graph(stream, T >= 32768 ? 20 : 200, sets, v.launch);
+        const double us = time_graph(stream, T >= 8192 ? 20 : 200, sets, v.launch);
         const double gbs = (8.0 * T * K + 4.0 * T) / (us * 1e3);
         std::printf("%-8d %-26s %10.2f %10.0f  %s\n", T, v.name.c_str(), us, gbs, verdict.c_str());
       }
