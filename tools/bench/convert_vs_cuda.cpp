@@ -7,7 +7,9 @@
 //   CVC_T=256 CVC_V="kokkos 256" build/cuda/bin/sparse-mla-convert-vs-cuda   # one T, matching kernels
 //
 // It also runs the library's kernel at other team shapes (threads x units
-// in flight), which is how convert_split() chose its shapes, and the
+// in flight), which is how convert_split() chose its shapes, the DCP
+// kernels (compacted, rank 3 of 8) at every compaction and shape it
+// chooses among (`CVC_V=dcp`), and the
 // reference engine's Triton kernel written in CUDA, with switches that undo
 // its differences from ours one at a time. Its rotation is short (32 sets
 // at T <= 256, about 256 KiB), so small-T inputs stay in the L2:
