@@ -214,11 +214,11 @@ void rounds(const Space& space, const sparse_mla::TopkConvertArgs& a) {
                                : topk::launch_rounds<Space, Threads, N, How>(space, p, dcp, a.num_tokens, K / 4);
   if (!launched) check(cudaErrorInvalidConfiguration, "launch_rounds: not whole rounds");
 }
-template <int N>
-void convert(const Space& space, const sparse_mla::TopkConvertArgs& a, int threads) {
+template <int Threads, int N>
+void convert(const Space& space, const sparse_mla::TopkConvertArgs& a) {
   using namespace sparse_mla::kernels;
   topk::launch<Space, Int4, N>(space, topk::params_of(a, BlockShift::of(64)), Dcp::of(size, rank, interleave),
-                               a.num_tokens, threads);
+                               a.num_tokens, Threads);
 }
 }  // namespace dcp_shapes
 
@@ -288,6 +288,13 @@ struct Inputs {
     return a;
   }
 
+  // Token t's row for a position in its request's table (every position the
+  // inputs hold is inside it).
+  int row_of(int t, int position) const {
+    return table[static_cast<std::size_t>(req[static_cast<std::size_t>(t)]) * blocks_per_request +
+                 static_cast<std::size_t>(position / block_size)] * block_size + position % block_size;
+  }
+
   // "" or the first difference from the scalar conversion.
   std::string compare(bool with_counts) const {
     std::vector<int> physical(entries()), valid(static_cast<std::size_t>(tokens));
@@ -298,9 +305,7 @@ struct Inputs {
       for (int j = 0; j < K; ++j) {
         const std::size_t e = static_cast<std::size_t>(t) * K + static_cast<std::size_t>(j);
         const int tok = logical[e];
-        const int want = tok < 0 ? -1
-                                 : table[static_cast<std::size_t>(req[static_cast<std::size_t>(t)]) * blocks_per_request +
-                                         static_cast<std::size_t>(tok / block_size)] * block_size + tok % block_size;
+        const int want = tok < 0 ? -1 : row_of(t, tok);
         count += want != -1;
         if (physical[e] != want) return "physical[" + std::to_string(t) + ", " + std::to_string(j) + "] differs";
       }
@@ -323,9 +328,7 @@ struct Inputs {
         const int tok = logical[row + static_cast<std::size_t>(j)];
         if (tok < 0 || (tok / interleave) % size != rank) continue;
         const int local = tok / (size * interleave) * interleave + tok % interleave;
-        const int want = table[static_cast<std::size_t>(req[static_cast<std::size_t>(t)]) * blocks_per_request +
-                               static_cast<std::size_t>(local / block_size)] * block_size + local % block_size;
-        if (physical[row + static_cast<std::size_t>(count++)] != want) {
+        if (physical[row + static_cast<std::size_t>(count++)] != row_of(t, local)) {
           return "physical[" + std::to_string(t) + ", " + std::to_string(count - 1) + "] differs";
         }
       }
@@ -376,7 +379,8 @@ int main(int argc, char** argv) {
         Check check;
       };
       using dcp_shapes::Compaction;
-      auto dcp_rounds = [&](auto launcher) {
+      // A launch of dcp_shapes' split on input set s.
+      auto dcp = [&](auto launcher) {
         return [&, launcher](int s) { launcher(space, dcp_shapes::with_dcp(in.args(s, true))); };
       };
       const std::vector<Variant> variants = {
@@ -403,21 +407,17 @@ int main(int argc, char** argv) {
            },
            Check::none},
           {"raw empty kernel", [&](int) { empty_kernel<<<T, 512, 0, stream>>>(); }, Check::none},
-          {"dcp (library)", [&](int s) { sparse_mla::kernels::convert_topk(space, dcp_shapes::with_dcp(in.args(s, true))); },
-           Check::dcp},
-          {"dcp scatter 512 x 1", dcp_rounds(dcp_shapes::rounds<512, 1, Compaction::scatter, true>), Check::dcp},
-          {"dcp scatter 256 x 2", dcp_rounds(dcp_shapes::rounds<256, 2, Compaction::scatter, true>), Check::dcp},
-          {"dcp stage 256 x 1", dcp_rounds(dcp_shapes::rounds<256, 1, Compaction::stage, false>), Check::dcp},
-          {"dcp stage 256 x 1, shifts", dcp_rounds(dcp_shapes::rounds<256, 1, Compaction::stage, true>), Check::dcp},
-          {"dcp stage 512 x 1", dcp_rounds(dcp_shapes::rounds<512, 1, Compaction::stage, false>), Check::dcp},
-          {"dcp stage 256 x 2", dcp_rounds(dcp_shapes::rounds<256, 2, Compaction::stage, false>), Check::dcp},
-          {"dcp stage 256 x 2, shifts", dcp_rounds(dcp_shapes::rounds<256, 2, Compaction::stage, true>), Check::dcp},
-          {"dcp convert 128 x 2", [&](int s) { dcp_shapes::convert<2>(space, dcp_shapes::with_dcp(in.args(s, true)), 128); },
-           Check::dcp},
-          {"dcp convert 256 x 2", [&](int s) { dcp_shapes::convert<2>(space, dcp_shapes::with_dcp(in.args(s, true)), 256); },
-           Check::dcp},
-          {"dcp convert 128 x 4", [&](int s) { dcp_shapes::convert<4>(space, dcp_shapes::with_dcp(in.args(s, true)), 128); },
-           Check::dcp},
+          {"dcp (library)", dcp(sparse_mla::kernels::convert_topk<Space>), Check::dcp},
+          {"dcp scatter 512 x 1", dcp(dcp_shapes::rounds<512, 1, Compaction::scatter, true>), Check::dcp},
+          {"dcp scatter 256 x 2", dcp(dcp_shapes::rounds<256, 2, Compaction::scatter, true>), Check::dcp},
+          {"dcp stage 256 x 1", dcp(dcp_shapes::rounds<256, 1, Compaction::stage, false>), Check::dcp},
+          {"dcp stage 256 x 1, shifts", dcp(dcp_shapes::rounds<256, 1, Compaction::stage, true>), Check::dcp},
+          {"dcp stage 512 x 1", dcp(dcp_shapes::rounds<512, 1, Compaction::stage, false>), Check::dcp},
+          {"dcp stage 256 x 2", dcp(dcp_shapes::rounds<256, 2, Compaction::stage, false>), Check::dcp},
+          {"dcp stage 256 x 2, shifts", dcp(dcp_shapes::rounds<256, 2, Compaction::stage, true>), Check::dcp},
+          {"dcp convert 128 x 2", dcp(dcp_shapes::convert<128, 2>), Check::dcp},
+          {"dcp convert 256 x 2", dcp(dcp_shapes::convert<256, 2>), Check::dcp},
+          {"dcp convert 128 x 4", dcp(dcp_shapes::convert<128, 4>), Check::dcp},
       };
       for (const Variant& v : variants) {
         if (only_v && v.name.find(only_v) == std::string::npos) continue;
