@@ -199,6 +199,20 @@ KOKKOS_INLINE_FUNCTION Int group_sum(Int value) {
 #endif
 }
 
+// Orders the group's team-scratch stores before its lanes' loads that
+// follow (a CUDA warp's __syncwarp; on HIP the group's wavefront runs in
+// step, so a wavefront fence suffices). The portable form's groups are one
+// lane.
+KOKKOS_INLINE_FUNCTION void group_sync() {
+#if SPARSE_MLA_FORM_CUDA
+  __syncwarp();
+#elif SPARSE_MLA_FORM_HIP
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#endif
+}
+
 // The inclusive prefix sum of `value` over the group's lanes up to `lane`.
 KOKKOS_INLINE_FUNCTION std::uint32_t group_inclusive_sum(std::uint32_t value, int lane) {
   for (int d = 1; d < group_lanes; d <<= 1) {
@@ -411,6 +425,31 @@ KOKKOS_INLINE_FUNCTION void team_entry_offsets(const Member& team, std::int32_t 
     if (lane == 31) partial[u * 32 + group] = inclusive;
   }
   group_offsets(team, threads, partial, in_group, through, total);
+}
+
+// Exclusive offsets of N counts that are the same on every lane of a group
+// (a group's count of each unit), in the order (unit u, group): count[u]
+// becomes before[u], the counts of the groups ahead of this one and of all
+// groups' units before u, and `total` is the sum of all, on every thread.
+// Same barrier, scratch and parity as team_round_offsets; the portable form's
+// groups are one lane, whose counts are at most 4.
+template <int N, class Member>
+KOKKOS_INLINE_FUNCTION void team_group_offsets(const Member& team, std::int32_t threads, const std::int32_t (&count)[N],
+                                               std::int32_t (&before)[N], std::int32_t& total, std::int32_t* scratch,
+                                               int& parity) {
+  if (form == Form::portable || threads == 1) {
+    team_round_offsets<N, 4>(team, threads, count, before, total, scratch, parity);
+    return;
+  }
+  std::int32_t* partial = scratch + 32 * N * parity;
+  parity ^= 1;
+  const std::int32_t rank = team.team_rank();
+  std::int32_t in_group[N];
+  for (int u = 0; u < N; ++u) {
+    in_group[u] = 0;
+    if ((rank & 31) == 0) partial[u * 32 + (rank >> 5)] = count[u];
+  }
+  group_offsets(team, threads, partial, in_group, before, total);
 }
 
 // `Ints` int32 of team scratch at a fixed place. The native forms use a

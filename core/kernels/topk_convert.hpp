@@ -250,17 +250,30 @@ struct Dcp {
   }
   // A negative p wraps to a huge unsigned value whose quotient is
   // meaningless but defined; p >= 0 masks it.
+  KOKKOS_INLINE_FUNCTION bool owns(std::int32_t p) const {
+    const auto u = static_cast<std::uint32_t>(p);
+    if constexpr (Shifts) {
+      return p >= 0 && ((u ^ owner_bits) & owner_mask) == 0;
+    } else {
+      return p >= 0 && u - by_width.div(u) * width - first < span;
+    }
+  }
   KOKKOS_INLINE_FUNCTION std::int32_t local(std::int32_t p) const {
     const auto u = static_cast<std::uint32_t>(p);
     if constexpr (Shifts) {
-      const bool owned = p >= 0 && ((u ^ owner_bits) & owner_mask) == 0;
-      return owned ? static_cast<std::int32_t>(((u >> size_shift) & ~low_mask) | (u & low_mask)) : -1;
+      return owns(p) ? static_cast<std::int32_t>(((u >> size_shift) & ~low_mask) | (u & low_mask)) : -1;
     } else {
+      // owns() with the quotient kept for the local position.
       const std::uint32_t c = by_width.div(u);
       const std::uint32_t t = u - c * width - first;
       const bool owned = p >= 0 && t < span;
       return owned ? static_cast<std::int32_t>(c * interleave + t) : -1;
     }
+  }
+  // The unit's entries the rank owns: bit e for entry e.
+  KOKKOS_INLINE_FUNCTION std::uint32_t owned_mask(const Int4& v) const {
+    return static_cast<std::uint32_t>(owns(v.x)) | static_cast<std::uint32_t>(owns(v.y)) << 1 |
+           static_cast<std::uint32_t>(owns(v.z)) << 2 | static_cast<std::uint32_t>(owns(v.w)) << 3;
   }
   KOKKOS_INLINE_FUNCTION void localize(std::int32_t& v) const { v = local(v); }
   KOKKOS_INLINE_FUNCTION void localize(Int4& v) const { v = Int4{local(v.x), local(v.y), local(v.z), local(v.w)}; }
@@ -471,12 +484,14 @@ struct RoundParams {
 };
 
 // The team sum's or scan's partials of a team of Threads: none for a team of
-// one (host spaces), else device::team_ints (a constant address on GPUs).
-template <int Threads, int ScanUnits, class Member>
+// one (host spaces), else device::team_ints (a constant address on GPUs),
+// followed there by `Extra` ints for the kernel (device::team_ints is taken
+// once a kernel).
+template <int Threads, int ScanUnits, int Extra = 0, class Member>
 KOKKOS_INLINE_FUNCTION std::int32_t* round_partials(const Member& team) {
   constexpr std::size_t ints = ScanUnits > 0 ? device::team_round_ints(ScanUnits) : device::team_sum_ints(Threads);
   if constexpr (Threads > 1) {
-    return device::team_ints<static_cast<int>(ints)>(team);
+    return device::team_ints<static_cast<int>(ints) + Extra>(team);
   } else {
     (void)team;
     return nullptr;
@@ -496,6 +511,16 @@ enum class Compaction {
   // and every store is a whole 16-byte unit: the fewest instructions, for
   // rows of many tokens. Rows of K <= max_staged_topk.
   stage,
+  // Each lane group gathers a round's owned positions (ownership needs no
+  // table load) in input order in team scratch first; then its lanes take
+  // them in turn, so that a lane converts one position where it held four
+  // (a table load and a store per owned entry, not four predicated ones),
+  // the group ballots which stayed valid, and its stores leave at
+  // consecutive places after the round's barrier. Other ranks' positions
+  // cost an ownership test only: rows split over many ranks, of few tokens.
+  gather,
+  gather_after,
+  scatter_after,
 };
 
 // Rows of whole rounds: each thread of a team of Threads converts
@@ -554,12 +579,97 @@ struct ConvertRounds {
     return total;
   }
 
+  // After round r's barrier: the entries of the units thread `rank` loaded
+  // in round r that are past the rounds' valid entries (from `end` on)
+  // become -1. Later rounds' valid entries land over some of them after
+  // their own barriers.
+  KOKKOS_INLINE_FUNCTION static void minus_one_past(std::int32_t* row, std::int32_t end, std::int32_t rank,
+                                                    std::int32_t r) {
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      const std::int32_t q = (r * UnitsInFlight + u) * Threads + rank;
+      if (4 * q >= end) {
+        reinterpret_cast<Int4*>(row)[q] = Int4{-1, -1, -1, -1};
+      } else {
+        for (int e = 1; e < 4; ++e) {
+          if (4 * q + e >= end) row[4 * q + e] = -1;
+        }
+      }
+    }
+  }
+
   // Compaction::scatter: the units thread `rank` loads in round r (the
   // row's units are the team's, round by round) become -1.
   KOKKOS_INLINE_FUNCTION static void minus_one_units(std::int32_t* row, std::int32_t rank, std::int32_t r) {
     for (int u = 0; u < UnitsInFlight; ++u) {
       reinterpret_cast<Int4*>(row)[(r * UnitsInFlight + u) * Threads + rank] = Int4{-1, -1, -1, -1};
     }
+  }
+
+  // Compaction::gather, a round: its valid entries after the `base` of the
+  // rounds before, in input order; returns the round's count. `gathered`
+  // holds the lane group's owned positions, unit by unit (4 x group_lanes
+  // ints a unit: team scratch, or a lane's own array where groups are one
+  // lane). In turn i lane l takes the group's owned position i x lanes + l
+  // (what it reads past the owned ones is not used: every slot is inside
+  // the group's part). Turn 0 always runs, branch-free; the other three
+  // only where the group owns more than one turn's positions.
+  KOKKOS_INLINE_FUNCTION std::int32_t gather_round(const member_type& team, const TableMap<Split>& m,
+                                                   const Int4 (&v)[UnitsInFlight], std::int32_t* row, std::int32_t base,
+                                                   std::int32_t r, std::int32_t* gathered, std::int32_t* scratch,
+                                                   int& parity) const {
+    constexpr int lanes = device::group_lanes, turns = 4;
+    const std::int32_t lane = team.team_rank() & (lanes - 1);
+    const device::LaneMask below = device::lanes_below(lane), upto = below | device::LaneMask{1} << lane;
+    std::int32_t owned[UnitsInFlight];
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      const std::uint32_t mask = dcp.owned_mask(v[u]);
+      std::int32_t through = 0;
+      for (int e = 0; e < 4; ++e) through += device::popc(device::ballot((mask >> e) & 1u) & upto);
+      std::int32_t* at = gathered + u * turns * lanes + through;
+      if (mask & 8u) *--at = v[u].w;
+      if (mask & 4u) *--at = v[u].z;
+      if (mask & 2u) *--at = v[u].y;
+      if (mask & 1u) *--at = v[u].x;
+      owned[u] = device::shuffle(through, lanes - 1);
+    }
+    device::group_sync();
+    std::int32_t entry[UnitsInFlight][turns], start[UnitsInFlight][turns];
+    const auto take = [&](int u, int i) {
+      const std::int32_t j = i * lanes + lane;
+      const std::int32_t position = gathered[u * turns * lanes + j];
+      entry[u][i] = dcp.local(j < owned[u] ? position : -1);
+      start[u][i] = m.start(entry[u][i]);
+    };
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      for (int i = 1; i < turns; ++i) entry[u][i] = -1;
+      take(u, 0);
+      if (owned[u] > lanes) {
+        for (int i = 1; i < turns; ++i) take(u, i);
+      }
+    }
+    std::int32_t kept[UnitsInFlight] = {}, place[UnitsInFlight][turns] = {};
+    const auto keep = [&](int u, int i) {
+      entry[u][i] = m.finish(entry[u][i], start[u][i]);
+      const device::LaneMask valid = device::ballot(entry[u][i] != -1);
+      place[u][i] = kept[u] + device::popc(valid & below);
+      kept[u] += device::popc(valid);
+    };
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      keep(u, 0);
+      if (owned[u] > lanes) {
+        for (int i = 1; i < turns; ++i) keep(u, i);
+      }
+    }
+    std::int32_t before[UnitsInFlight];
+    std::int32_t total = 0;
+    device::team_group_offsets(team, Threads, kept, before, total, scratch, parity);
+    for (int u = 0; u < UnitsInFlight; ++u) {
+      for (int i = 0; i < turns; ++i) {
+        if (entry[u][i] != -1) row[base + before[u] + place[u][i]] = entry[u][i];
+      }
+    }
+    if constexpr (How == Compaction::gather_after) minus_one_past(row, base + total, team.team_rank(), r);
+    return total;
   }
 
   // Compaction::stage takes two phases, so that a table load is
@@ -659,25 +769,50 @@ struct ConvertRounds {
     Int4 v[UnitsInFlight];
     load(in, v);
     const std::int32_t req = p.req_id[t];
-    std::int32_t* partial = round_partials<Threads, Dcp::compact ? UnitsInFlight : 0>(team);
+    // Compaction::gather's positions follow the scan's partials in team
+    // scratch on GPUs (gather_round()).
+    constexpr bool gathers = How == Compaction::gather || How == Compaction::gather_after;
+    constexpr int gathered_ints = Dcp::compact && gathers && device::form != device::Form::portable
+                                      ? Threads * UnitsInFlight * 4
+                                      : 0;
+    std::int32_t* partial = round_partials<Threads, Dcp::compact ? UnitsInFlight : 0, gathered_ints>(team);
     if (!Dcp::compact && p.valid_counts != nullptr) device::begin_team_sum(team, Threads, partial);
 
     // req_id names a row of the table (SPEC), so it is not negative.
     const TableMap<Split> m{p.block_table + wide_mul(static_cast<std::uint32_t>(req), p.block_table_stride), p.limit,
                             p.split, p.block_stride_rows};
-    if constexpr (Dcp::compact && How == Compaction::scatter) {
+    if constexpr (Dcp::compact && (How == Compaction::scatter || How == Compaction::scatter_after)) {
       // A thread sets its units of a round to -1 as soon as it has loaded
       // them; the round's barrier orders those stores before the valid
       // entries that land on them, so no store waits for the row's count.
       std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
       int parity = 0;
-      minus_one_units(row, rank, 0);
+      if (How == Compaction::scatter) minus_one_units(row, rank, 0);
       std::int32_t valid = compact_round(team, m, v, row, 0, partial, parity);
+      if (How == Compaction::scatter_after) minus_one_past(row, valid, rank, 0);
       for (std::int32_t r = 1; r < p.rounds; ++r) {
         in += UnitsInFlight * Threads;
         load(in, v);
-        minus_one_units(row, rank, r);
+        if (How == Compaction::scatter) minus_one_units(row, rank, r);
         valid += compact_round(team, m, v, row, valid, partial, parity);
+        if (How == Compaction::scatter_after) minus_one_past(row, valid, rank, r);
+      }
+      if (rank == 0) p.valid_counts[t] = valid;
+      return;
+    } else if constexpr (Dcp::compact && gathers) {
+      std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
+      std::int32_t lane_gathered[gathered_ints == 0 ? 4 * UnitsInFlight : 1] = {};
+      std::int32_t* gathered = gathered_ints == 0 ? lane_gathered
+                                                  : partial + device::team_round_ints(UnitsInFlight) +
+                                                        (rank / device::group_lanes) * (UnitsInFlight * 4 * device::group_lanes);
+      int parity = 0;
+      if (How == Compaction::gather) minus_one_units(row, rank, 0);
+      std::int32_t valid = gather_round(team, m, v, row, 0, 0, gathered, partial, parity);
+      for (std::int32_t r = 1; r < p.rounds; ++r) {
+        in += UnitsInFlight * Threads;
+        load(in, v);
+        if (How == Compaction::gather) minus_one_units(row, rank, r);
+        valid += gather_round(team, m, v, row, valid, r, gathered, partial, parity);
       }
       if (rank == 0) p.valid_counts[t] = valid;
       return;
@@ -764,8 +899,9 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
   // SM) the bound keeps 32 registers a thread at 256, so that register use
   // does not keep an SM below 8 teams (docs/PERFORMANCE.md); shared memory
   // still does for K above about 6,900 (8 staged rows of 4K bytes then
-  // exceed an SM's 227 KiB).
-  using Policy = std::conditional_t<Dcp::compact && How == Compaction::stage,
+  // exceed an SM's 227 KiB). Compaction::gather takes the same bound, for
+  // the same reason at 512 threads (four teams an SM below 512 tokens).
+  using Policy = std::conditional_t<Dcp::compact && How != Compaction::scatter,
                                     Kokkos::TeamPolicy<Space, MeasuredLaunchBounds<Space, Threads, 2048 / Threads>>,
                                     Kokkos::TeamPolicy<Space>>;
   Policy policy(space, static_cast<int>(rows), Threads);
@@ -834,6 +970,9 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
           launched = launch_shifted_rounds<Space, 1, 4, Compaction::stage>(space, p, dcp, a.num_tokens, units);
         }
       }
+      if constexpr (Dcp::compact) {
+        if (!launched) launched = launch_shifted_rounds<Space, 1, 4, Compaction::gather_after>(space, p, dcp, a.num_tokens, units);
+      }
       if (launched || launch_shifted_rounds<Space, 1, 4>(space, p, dcp, a.num_tokens, units)) return;
       launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, 1);
     } else {
@@ -863,6 +1002,9 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
     if (!vector4) {
       launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
     } else if (a.num_tokens < 512) {
+      if constexpr (Dcp::compact) {
+        if (launch_shifted_rounds<Space, 512, 1, Compaction::scatter_after>(space, p, dcp, a.num_tokens, units)) return;
+      }
       if (launch_shifted_rounds<Space, 512, 1>(space, p, dcp, a.num_tokens, units)) return;
       launch<Space, Int4, 2>(space, p, dcp, a.num_tokens, threads_for(256, 2));
     } else if (a.num_tokens < 8192) {

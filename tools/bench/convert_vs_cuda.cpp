@@ -353,7 +353,7 @@ int main(int argc, char** argv) {
     std::printf("%-8s %-26s %10s %10s  %s\n", "T", "kernel", "us", "GB/s", "check");
     const char* only_t = std::getenv("CVC_T");
     const char* only_v = std::getenv("CVC_V");
-    for (const int T : {1, 256, 1024, 8192, 32768}) {
+    for (const int T : {1, 132, 256, 480, 1024, 8192, 32768}) {
       if (only_t && std::atoi(only_t) != T) continue;
       const int sets = T >= 8192 ? 2 : (T >= 1024 ? 8 : 32);
       Inputs in(T, sets);
@@ -410,6 +410,13 @@ int main(int argc, char** argv) {
           {"dcp (library)", dcp(sparse_mla::kernels::convert_topk<Space>), Check::dcp},
           {"dcp scatter 512 x 1", dcp(dcp_shapes::rounds<512, 1, Compaction::scatter, true>), Check::dcp},
           {"dcp scatter 256 x 2", dcp(dcp_shapes::rounds<256, 2, Compaction::scatter, true>), Check::dcp},
+          {"dcp scatter after 512 x 1", dcp(dcp_shapes::rounds<512, 1, Compaction::scatter_after, true>), Check::dcp},
+          {"dcp scatter after 256 x 2", dcp(dcp_shapes::rounds<256, 2, Compaction::scatter_after, true>), Check::dcp},
+          {"dcp gather 512 x 1", dcp(dcp_shapes::rounds<512, 1, Compaction::gather, true>), Check::dcp},
+          {"dcp gather 512 x 1, division", dcp(dcp_shapes::rounds<512, 1, Compaction::gather, false>), Check::dcp},
+          {"dcp gather after 512 x 1", dcp(dcp_shapes::rounds<512, 1, Compaction::gather_after, true>), Check::dcp},
+          {"dcp gather after 256 x 1", dcp(dcp_shapes::rounds<256, 1, Compaction::gather_after, true>), Check::dcp},
+          {"dcp gather 256 x 1", dcp(dcp_shapes::rounds<256, 1, Compaction::gather, true>), Check::dcp},
           {"dcp stage 256 x 1", dcp(dcp_shapes::rounds<256, 1, Compaction::stage, false>), Check::dcp},
           {"dcp stage 256 x 1, shifts", dcp(dcp_shapes::rounds<256, 1, Compaction::stage, true>), Check::dcp},
           {"dcp stage 512 x 1", dcp(dcp_shapes::rounds<512, 1, Compaction::stage, false>), Check::dcp},
