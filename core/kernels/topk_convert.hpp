@@ -27,14 +27,13 @@
 // Both also run the DCP filter-and-convert (SPEC section 2a), chosen at
 // compile time (Dcp): positions become the rank's local positions (-1 for
 // other ranks') before the table lookup, and with compaction a team scan of
-// each round's counts places each thread's valid entries in input order
-// (Convert: team_round_offsets, exclusive; ConvertRounds: a ballot per entry,
-// team_entry_offsets, inclusive, stored backwards), and the rest of the row
-// is -1. Convert and ConvertRounds' Compaction::scatter store each round's
-// converted entries at their places;
-// Compaction::stage places the local positions in team scratch first and
-// then converts the compacted row (table loads for valid entries only,
-// whole-unit stores).
+// each round's counts places the valid entries in input order and the rest
+// of the row is -1. Convert scans each thread's counts (team_round_offsets)
+// and stores its converted entries at their places; ConvertRounds'
+// Compaction::gather gathers each lane group's owned positions first and
+// converts them one a lane; its Compaction::stage places the row's local
+// positions in team scratch first and then converts the compacted row
+// (table loads for valid entries only, whole-unit stores).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -200,6 +199,7 @@ KOKKOS_INLINE_FUNCTION void map_compact_units(const Map& m, const Dcp& dcp, Unit
 struct NoDcp {
   static constexpr bool filter = false;
   static constexpr bool compact = false;
+  static constexpr bool shift_form = false;
   template <class Unit>
   KOKKOS_INLINE_FUNCTION void localize(Unit&) const {}
 };
@@ -207,6 +207,7 @@ template <bool Compact, bool Shifts = false>
 struct Dcp {
   static constexpr bool filter = true;
   static constexpr bool compact = Compact;
+  static constexpr bool shift_form = Shifts;
   // Shifts = false, one division a position: with W = size * interleave,
   // p = cycle * W + r (r < W), and p is owned when r - rank * interleave is
   // in [0, interleave), its local position cycle * interleave + that.
@@ -500,27 +501,21 @@ KOKKOS_INLINE_FUNCTION std::int32_t* round_partials(const Member& team) {
 
 // How ConvertRounds compacts a row (Dcp::compact), chosen by the launch.
 enum class Compaction {
-  // Each round's table loads go out first, then its scan over what they
-  // made valid, and its valid entries are stored at their places, over -1
-  // stored before the round's barrier: the shortest chain of memory
-  // latencies, for rows of few tokens.
-  scatter,
+  // Each lane group gathers a round's owned positions (ownership needs no
+  // table load) in input order in team scratch first; then its lanes take
+  // them in turn, so that a lane converts one position where it held four
+  // (a table load per owned entry, not four predicated ones), the group
+  // ballots which stayed valid, and after the round's barrier its valid
+  // entries leave at consecutive places and the units past the row's
+  // valid entries as -1 (each entry stored once). Other ranks' positions
+  // cost an ownership test only: rows of few tokens.
+  gather,
   // The row's valid local positions (owned, inside the table: validity
   // needs no table load) are staged in team scratch first; then only the
   // threads whose units of the compacted row hold them load table entries,
   // and every store is a whole 16-byte unit: the fewest instructions, for
   // rows of many tokens. Rows of K <= max_staged_topk.
   stage,
-  // Each lane group gathers a round's owned positions (ownership needs no
-  // table load) in input order in team scratch first; then its lanes take
-  // them in turn, so that a lane converts one position where it held four
-  // (a table load and a store per owned entry, not four predicated ones),
-  // the group ballots which stayed valid, and its stores leave at
-  // consecutive places after the round's barrier. Other ranks' positions
-  // cost an ownership test only: rows split over many ranks, of few tokens.
-  gather,
-  gather_after,
-  scatter_after,
 };
 
 // Rows of whole rounds: each thread of a team of Threads converts
@@ -535,7 +530,7 @@ enum class Compaction {
 // - the team sum's partials are at a constant address (round_partials());
 // - a table load is issued only for a position inside the table.
 template <class Space, class Split, int Threads, int UnitsInFlight, class Dcp = NoDcp,
-          Compaction How = Compaction::scatter>
+          Compaction How = Compaction::gather>
 struct ConvertRounds {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   RoundParams<Split> p;
@@ -564,26 +559,11 @@ struct ConvertRounds {
     return valid;
   }
 
-  // Compaction::scatter, a round: its valid entries after the `base` of the
-  // rounds before, in input order; returns the round's count.
-  KOKKOS_INLINE_FUNCTION std::int32_t compact_round(const member_type& team, const TableMap<Split>& m,
-                                                    Int4 (&v)[UnitsInFlight], std::int32_t* row, std::int32_t base,
-                                                    std::int32_t* scratch, int& parity) const {
-    std::int32_t count[UnitsInFlight], through[UnitsInFlight];
-    std::uint32_t valid[UnitsInFlight];
-    map_compact_units(m, dcp, v, count, [](int) { return true; });
-    for (int u = 0; u < UnitsInFlight; ++u) valid[u] = valid_mask(v[u]);
-    std::int32_t total = 0;
-    device::team_entry_offsets(team, Threads, valid, through, total, scratch, parity);
-    for (int u = 0; u < UnitsInFlight; ++u) store_valid_through(row, base + through[u], v[u]);
-    return total;
-  }
-
   // After round r's barrier: the entries of the units thread `rank` loaded
   // in round r that are past the rounds' valid entries (from `end` on)
   // become -1. Later rounds' valid entries land over some of them after
   // their own barriers.
-  KOKKOS_INLINE_FUNCTION static void minus_one_past(std::int32_t* row, std::int32_t end, std::int32_t rank,
+  KOKKOS_INLINE_FUNCTION static void minus_one_from(std::int32_t* row, std::int32_t end, std::int32_t rank,
                                                     std::int32_t r) {
     for (int u = 0; u < UnitsInFlight; ++u) {
       const std::int32_t q = (r * UnitsInFlight + u) * Threads + rank;
@@ -594,14 +574,6 @@ struct ConvertRounds {
           if (4 * q + e >= end) row[4 * q + e] = -1;
         }
       }
-    }
-  }
-
-  // Compaction::scatter: the units thread `rank` loads in round r (the
-  // row's units are the team's, round by round) become -1.
-  KOKKOS_INLINE_FUNCTION static void minus_one_units(std::int32_t* row, std::int32_t rank, std::int32_t r) {
-    for (int u = 0; u < UnitsInFlight; ++u) {
-      reinterpret_cast<Int4*>(row)[(r * UnitsInFlight + u) * Threads + rank] = Int4{-1, -1, -1, -1};
     }
   }
 
@@ -668,7 +640,7 @@ struct ConvertRounds {
         if (entry[u][i] != -1) row[base + before[u] + place[u][i]] = entry[u][i];
       }
     }
-    if constexpr (How == Compaction::gather_after) minus_one_past(row, base + total, team.team_rank(), r);
+    minus_one_from(row, base + total, team.team_rank(), r);
     return total;
   }
 
@@ -771,8 +743,7 @@ struct ConvertRounds {
     const std::int32_t req = p.req_id[t];
     // Compaction::gather's positions follow the scan's partials in team
     // scratch on GPUs (gather_round()).
-    constexpr bool gathers = How == Compaction::gather || How == Compaction::gather_after;
-    constexpr int gathered_ints = Dcp::compact && gathers && device::form != device::Form::portable
+    constexpr int gathered_ints = Dcp::compact && How == Compaction::gather && device::form != device::Form::portable
                                       ? Threads * UnitsInFlight * 4
                                       : 0;
     std::int32_t* partial = round_partials<Threads, Dcp::compact ? UnitsInFlight : 0, gathered_ints>(team);
@@ -781,37 +752,17 @@ struct ConvertRounds {
     // req_id names a row of the table (SPEC), so it is not negative.
     const TableMap<Split> m{p.block_table + wide_mul(static_cast<std::uint32_t>(req), p.block_table_stride), p.limit,
                             p.split, p.block_stride_rows};
-    if constexpr (Dcp::compact && (How == Compaction::scatter || How == Compaction::scatter_after)) {
-      // A thread sets its units of a round to -1 as soon as it has loaded
-      // them; the round's barrier orders those stores before the valid
-      // entries that land on them, so no store waits for the row's count.
-      std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
-      int parity = 0;
-      if (How == Compaction::scatter) minus_one_units(row, rank, 0);
-      std::int32_t valid = compact_round(team, m, v, row, 0, partial, parity);
-      if (How == Compaction::scatter_after) minus_one_past(row, valid, rank, 0);
-      for (std::int32_t r = 1; r < p.rounds; ++r) {
-        in += UnitsInFlight * Threads;
-        load(in, v);
-        if (How == Compaction::scatter) minus_one_units(row, rank, r);
-        valid += compact_round(team, m, v, row, valid, partial, parity);
-        if (How == Compaction::scatter_after) minus_one_past(row, valid, rank, r);
-      }
-      if (rank == 0) p.valid_counts[t] = valid;
-      return;
-    } else if constexpr (Dcp::compact && gathers) {
+    if constexpr (Dcp::compact && How == Compaction::gather) {
       std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
       std::int32_t lane_gathered[gathered_ints == 0 ? 4 * UnitsInFlight : 1] = {};
       std::int32_t* gathered = gathered_ints == 0 ? lane_gathered
                                                   : partial + device::team_round_ints(UnitsInFlight) +
                                                         (rank / device::group_lanes) * (UnitsInFlight * 4 * device::group_lanes);
       int parity = 0;
-      if (How == Compaction::gather) minus_one_units(row, rank, 0);
       std::int32_t valid = gather_round(team, m, v, row, 0, 0, gathered, partial, parity);
       for (std::int32_t r = 1; r < p.rounds; ++r) {
         in += UnitsInFlight * Threads;
         load(in, v);
-        if (How == Compaction::gather) minus_one_units(row, rank, r);
         valid += gather_round(team, m, v, row, valid, r, gathered, partial, parity);
       }
       if (rank == 0) p.valid_counts[t] = valid;
@@ -872,7 +823,7 @@ void launch(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int
 // whole rounds of Threads x UnitsInFlight units (`units` a row), its strides
 // fit in 32 bits and, for Compaction::stage, K is at most max_staged_topk;
 // else launches nothing and returns false.
-template <class Space, int Threads, int UnitsInFlight, Compaction How = Compaction::scatter, class Split, class Dcp>
+template <class Space, int Threads, int UnitsInFlight, Compaction How = Compaction::gather, class Split, class Dcp>
 bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows, std::int64_t units) {
   constexpr std::int64_t per_round = std::int64_t{Threads} * UnitsInFlight;
   const auto fits = [](std::int64_t stride) { return stride >= 0 && stride <= std::int64_t{0xFFFFFFFF}; };
@@ -899,10 +850,13 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
   // SM) the bound keeps 32 registers a thread at 256, so that register use
   // does not keep an SM below 8 teams (docs/PERFORMANCE.md); shared memory
   // still does for K above about 6,900 (8 staged rows of 4K bytes then
-  // exceed an SM's 227 KiB). Compaction::gather takes the same bound, for
-  // the same reason at 512 threads (four teams an SM below 512 tokens).
-  using Policy = std::conditional_t<Dcp::compact && How != Compaction::scatter,
-                                    Kokkos::TeamPolicy<Space, MeasuredLaunchBounds<Space, Threads, 2048 / Threads>>,
+  // exceed an SM's 227 KiB). Compaction::gather takes the same bound (four
+  // teams of 512 an SM, every row below 512 tokens in one wave), except
+  // with the division form of ownership, which spills at 32 registers: it
+  // keeps three quarters of the teams.
+  constexpr unsigned teams = 2048 / Threads;
+  constexpr unsigned min_teams = How == Compaction::gather && !Dcp::shift_form ? teams * 3 / 4 : teams;
+  using Policy = std::conditional_t<Dcp::compact, Kokkos::TeamPolicy<Space, MeasuredLaunchBounds<Space, Threads, min_teams>>,
                                     Kokkos::TeamPolicy<Space>>;
   Policy policy(space, static_cast<int>(rows), Threads);
   std::size_t scratch = 0;
@@ -921,7 +875,7 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
 
 // launch_rounds with the shift form of a compacted split's ownership where
 // it computes it (Dcp::shifts()), which saves instructions on every entry.
-template <class Space, int Threads, int UnitsInFlight, Compaction How = Compaction::scatter, class Split, class Dcp>
+template <class Space, int Threads, int UnitsInFlight, Compaction How = Compaction::gather, class Split, class Dcp>
 bool launch_shifted_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, std::int64_t rows,
                            std::int64_t units) {
   if constexpr (Dcp::compact) {
@@ -962,16 +916,13 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
   if constexpr (is_host_space<Space>) {
     if (vector4) {
       // Compacted rows compact as on GPUs, by the token count (Compaction::
-      // stage from 512 tokens where K allows it, else scatter), so that host
+      // stage from 512 tokens where K allows it, else gather), so that host
       // CI runs both ways.
       bool launched = false;
       if constexpr (Dcp::compact) {
         if (a.num_tokens >= 512) {
           launched = launch_shifted_rounds<Space, 1, 4, Compaction::stage>(space, p, dcp, a.num_tokens, units);
         }
-      }
-      if constexpr (Dcp::compact) {
-        if (!launched) launched = launch_shifted_rounds<Space, 1, 4, Compaction::gather_after>(space, p, dcp, a.num_tokens, units);
       }
       if (launched || launch_shifted_rounds<Space, 1, 4>(space, p, dcp, a.num_tokens, units)) return;
       launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, 1);
@@ -992,7 +943,7 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
     // 256 x 1. From 512 to 2047 tokens and from 8192 Convert stays (at
     // 128 x 4 the compiler put ConvertRounds' third and fourth index loads
     // behind its first table loads). Compacted DCP rows below 512 tokens
-    // take ConvertRounds' Compaction::scatter, from 512 to 8191 tokens its
+    // take ConvertRounds' Compaction::gather, from 512 to 8191 tokens its
     // Compaction::stage at 256 x 1, from 8192 the stage at 256 x 2 (K up to
     // max_staged_topk; longer rows take Convert).
     auto threads_for = [&](int base, int in_flight) {
@@ -1002,9 +953,6 @@ void convert_split(const Space& space, const TopkConvertArgs& a, Split split, co
     if (!vector4) {
       launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
     } else if (a.num_tokens < 512) {
-      if constexpr (Dcp::compact) {
-        if (launch_shifted_rounds<Space, 512, 1, Compaction::scatter_after>(space, p, dcp, a.num_tokens, units)) return;
-      }
       if (launch_shifted_rounds<Space, 512, 1>(space, p, dcp, a.num_tokens, units)) return;
       launch<Space, Int4, 2>(space, p, dcp, a.num_tokens, threads_for(256, 2));
     } else if (a.num_tokens < 8192) {
