@@ -249,8 +249,9 @@ struct Dcp {
   Dcp<Compact, true> shifted() const {
     return Dcp<Compact, true>{by_width, width, first, span, interleave, owner_mask, owner_bits, low_mask, size_shift};
   }
-  // A negative p wraps to a huge unsigned value whose quotient is
-  // meaningless but defined; p >= 0 masks it.
+  // Whether the rank owns p, and p's local position or -1. A negative p
+  // wraps to a huge unsigned value whose quotient is meaningless but
+  // defined; p >= 0 masks it.
   KOKKOS_INLINE_FUNCTION bool owns(std::int32_t p) const {
     const auto u = static_cast<std::uint32_t>(p);
     if constexpr (Shifts) {
@@ -755,9 +756,10 @@ struct ConvertRounds {
     if constexpr (Dcp::compact && How == Compaction::gather) {
       std::int32_t* row = p.physical + wide_mul(t, p.physical_stride);
       std::int32_t lane_gathered[gathered_ints == 0 ? 4 * UnitsInFlight : 1] = {};
+      constexpr int group_ints = UnitsInFlight * 4 * device::group_lanes;
       std::int32_t* gathered = gathered_ints == 0 ? lane_gathered
                                                   : partial + device::team_round_ints(UnitsInFlight) +
-                                                        (rank / device::group_lanes) * (UnitsInFlight * 4 * device::group_lanes);
+                                                        rank / device::group_lanes * group_ints;
       int parity = 0;
       std::int32_t valid = gather_round(team, m, v, row, 0, 0, gathered, partial, parity);
       for (std::int32_t r = 1; r < p.rounds; ++r) {
@@ -856,7 +858,8 @@ bool launch_rounds(const Space& space, const Params<Split>& p, const Dcp& dcp, s
   // keeps three quarters of the teams.
   constexpr unsigned teams = 2048 / Threads;
   constexpr unsigned min_teams = How == Compaction::gather && !Dcp::shift_form ? teams * 3 / 4 : teams;
-  using Policy = std::conditional_t<Dcp::compact, Kokkos::TeamPolicy<Space, MeasuredLaunchBounds<Space, Threads, min_teams>>,
+  using Policy = std::conditional_t<Dcp::compact,
+                                    Kokkos::TeamPolicy<Space, MeasuredLaunchBounds<Space, Threads, min_teams>>,
                                     Kokkos::TeamPolicy<Space>>;
   Policy policy(space, static_cast<int>(rows), Threads);
   std::size_t scratch = 0;
