@@ -338,40 +338,46 @@ TEST_P(TopkConvertDcpTest, APowerOfTwoSplitOfTheWidestCycleMatchesTheModel) {
 }
 
 // Rows of which the rank owns every entry, all but one in every 128, three
-// quarters, half, the first 33 of every 128, none, and runs of 64: the
-// whole-round kernels' lane groups (128 entries each on GPUs) then own from
-// none to all of their positions, which the gather compaction takes in up
-// to four turns of 32. Against the model, on shapes of the gather (one and
-// two rounds) and of the staged compaction.
+// quarters, half, the first 33 and the first 32 of every 128, none, and
+// runs of 64: the whole-round kernels' lane groups (128 entries each on
+// GPUs) then own from none to all of their positions, which the gather
+// compaction takes in up to four turns of 32. A tenth of the owned
+// positions are past the rank's table, so that every turn drops some.
+// Against the model, with the shift and the division forms of ownership,
+// on shapes of the gather (one and two rounds) and of the staged compaction.
 TEST_P(TopkConvertDcpTest, RowsOwnedFromNoneToEveryEntryMatchTheModel) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(48);
-  const DcpConfig d{2, 1, 1, true};  // rank 1 owns the odd positions
-  for (const DcpShape& s : {DcpShape{7, 2048, 2, 40, 64}, DcpShape{3, 4096, 2, 70, 64}, DcpShape{600, 2048, 2, 40, 64}}) {
-    SCOPED_TRACE(describe(s, d));
-    reference::TopkInputs in = random_tables(rng, s, d);
-    const std::int64_t pairs = s.B * s.block_size;  // (even, odd) position pairs inside the rank's table
-    for (std::int64_t t = 0; t < s.T; ++t) {
-      for (std::int64_t k = 0; k < s.K; ++k) {
-        const std::int64_t in_group = k % 128;
-        bool owned = false;
-        switch (t % 7) {
-          case 0: owned = true; break;
-          case 1: owned = in_group != 127; break;
-          case 2: owned = rng() % 4 != 0; break;
-          case 3: owned = rng() % 2 != 0; break;
-          case 4: owned = in_group < 33; break;
-          case 5: owned = false; break;
-          default: owned = (k / 64) % 2 == 0; break;
+  for (const DcpConfig d : {DcpConfig{2, 1, 1, true}, DcpConfig{3, 1, 1, true}}) {
+    for (const DcpShape& s : {DcpShape{8, 2048, 2, 40, 64}, DcpShape{16, 4096, 2, 70, 64}, DcpShape{600, 2048, 2, 40, 64}}) {
+      SCOPED_TRACE(describe(s, d));
+      reference::TopkInputs in = random_tables(rng, s, d);
+      const std::int64_t inside = s.B * s.block_size;  // cycles of the split inside the rank's table
+      for (std::int64_t t = 0; t < s.T; ++t) {
+        for (std::int64_t k = 0; k < s.K; ++k) {
+          const std::int64_t in_group = k % 128;
+          bool owned = false;
+          switch (t % 8) {
+            case 0: owned = true; break;
+            case 1: owned = in_group != 127; break;
+            case 2: owned = rng() % 4 != 0; break;
+            case 3: owned = rng() % 2 != 0; break;
+            case 4: owned = in_group < 33; break;
+            case 5: owned = in_group < 32; break;
+            case 6: owned = false; break;
+            default: owned = (k / 64) % 2 == 0; break;
+          }
+          const std::int64_t cycle = owned && rng() % 10 == 0 ? inside + static_cast<std::int64_t>(rng() % 100)
+                                                              : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(inside));
+          const std::int64_t other = (d.rank + 1 + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(d.size - 1))) % d.size;
+          in.logical.push_back(static_cast<std::int32_t>(cycle * d.size + (owned ? d.rank : other)));
         }
-        const std::int64_t even = 2 * static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(pairs));
-        in.logical.push_back(static_cast<std::int32_t>(owned ? even + 1 : even));
       }
+      const auto want = reference::convert_topk_dcp(in);
+      const Result got = convert(in, s.R, d);
+      EXPECT_EQ(got.physical, want.physical);
+      EXPECT_EQ(got.counts, want.valid_counts);
     }
-    const auto want = reference::convert_topk_dcp(in);
-    const Result got = convert(in, s.R, d);
-    EXPECT_EQ(got.physical, want.physical);
-    EXPECT_EQ(got.counts, want.valid_counts);
   }
 }
 

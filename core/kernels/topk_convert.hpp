@@ -505,11 +505,12 @@ enum class Compaction {
   // Each lane group gathers a round's owned positions (ownership needs no
   // table load) in input order in team scratch first; then its lanes take
   // them in turn, so that a lane converts one position where it held four
-  // (a table load per owned entry, not four predicated ones), the group
-  // ballots which stayed valid, and after the round's barrier its valid
-  // entries leave at consecutive places and the units past the row's
-  // valid entries as -1 (each entry stored once). Other ranks' positions
-  // cost an ownership test only: rows of few tokens.
+  // (one table load a lane and turn, not four predicated ones a thread),
+  // the group ballots which stayed valid, and after the round's barrier its
+  // valid entries leave at consecutive places and the units past the row's
+  // valid entries as -1 (in a row of one round, every element is stored
+  // once; a later round's valid entries land over some of an earlier
+  // round's -1). Rows of few tokens.
   gather,
   // The row's valid local positions (owned, inside the table: validity
   // needs no table load) are staged in team scratch first; then only the
