@@ -343,6 +343,15 @@ KOKKOS_INLINE_FUNCTION void group_offsets(const Member& team, std::int32_t threa
   }
 }
 
+// The set bits of a unit's four entries (bit e of `entries`) on the
+// group's lanes up to and including this one (`upto`: those lanes' bits),
+// in the order (lane, entry): a ballot per entry.
+KOKKOS_INLINE_FUNCTION std::int32_t group_entries_through(std::uint32_t entries, LaneMask upto) {
+  std::int32_t through = 0;
+  for (int e = 0; e < 4; ++e) through += popc(ballot((entries >> e) & 1u) & upto);
+  return through;
+}
+
 // Exclusive offsets of N small counts per thread, in the order (unit u,
 // rank): all threads' unit 0, then all threads' unit 1, ... count[u] (0 to
 // MaxCount) becomes before[u], the counts ahead of it, and `total` is the sum
@@ -419,10 +428,8 @@ KOKKOS_INLINE_FUNCTION void team_entry_offsets(const Member& team, std::int32_t 
   const LaneMask upto = 0xFFFFFFFFu >> (31 - lane);
   std::int32_t in_group[N];
   for (int u = 0; u < N; ++u) {
-    std::int32_t inclusive = 0;
-    for (int e = 0; e < 4; ++e) inclusive += popc(ballot((valid[u] >> e) & 1u) & upto);
-    in_group[u] = inclusive;
-    if (lane == 31) partial[u * 32 + group] = inclusive;
+    in_group[u] = group_entries_through(valid[u], upto);
+    if (lane == 31) partial[u * 32 + group] = in_group[u];
   }
   group_offsets(team, threads, partial, in_group, through, total);
 }

@@ -530,7 +530,8 @@ enum class Compaction {
 // - a thread's units sit at fixed offsets and need no bounds checks;
 // - row offsets are single 32 x 32 -> 64-bit multiplies;
 // - the team sum's partials are at a constant address (round_partials());
-// - a table load is issued only for a position inside the table.
+// - a table load is issued only for a position inside the table (but for
+//   Compaction::gather's turns, whose lanes hold owned positions only).
 template <class Space, class Split, int Threads, int UnitsInFlight, class Dcp = NoDcp,
           Compaction How = Compaction::gather>
 struct ConvertRounds {
@@ -550,7 +551,9 @@ struct ConvertRounds {
   // compact, with which it measured better (H200, docs/PERFORMANCE.md);
   // compacted rows take predicated loads in both kernels
   // (map_compact_units, convert_staged_round), which skip other ranks'
-  // positions.
+  // positions. Compaction::gather's turns load branch-free (a lane past its
+  // group's owned positions loads entry 0): other ranks' positions never
+  // reach them.
   KOKKOS_INLINE_FUNCTION std::int32_t convert_round(const TableMap<Split>& m, Int4 (&v)[UnitsInFlight], Int4* out) const {
     std::int32_t valid = 0;
     for (int u = 0; u < UnitsInFlight; ++u) {
@@ -597,8 +600,7 @@ struct ConvertRounds {
     std::int32_t owned[UnitsInFlight];
     for (int u = 0; u < UnitsInFlight; ++u) {
       const std::uint32_t mask = dcp.owned_mask(v[u]);
-      std::int32_t through = 0;
-      for (int e = 0; e < 4; ++e) through += device::popc(device::ballot((mask >> e) & 1u) & upto);
+      const std::int32_t through = device::group_entries_through(mask, upto);
       std::int32_t* at = gathered + u * turns * lanes + through;
       if (mask & 8u) *--at = v[u].w;
       if (mask & 4u) *--at = v[u].z;
