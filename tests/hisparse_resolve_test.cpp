@@ -713,6 +713,69 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtProductionWidth) {
   run_random_steps(rig, shape, state, 3, rng, true);
 }
 
+// Production rows (K = 2048, H = 4096) step by step through every kind of
+// row: cold (all misses), replayed (all hits), every position selected twice
+// (repeats of hits and of misses in one row), resident and invalid entries
+// only (no slot consulted), padding, then random steps with duplicates; the
+// hot block table by state row. Each step against the model.
+TEST_P(HiSparseResolveTest, ProductionRowsMatchTheModelInEveryKindOfRow) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(16);
+  auto stream = device->create_stream();
+  Shape shape = production_shape();
+  shape.resident = true;
+  shape.requests = shape.states = 3;
+  const HiSparseTables t = make_tables(shape, rng);
+  HiSparseState state(shape.states, t.hot_slots);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
+  std::vector<std::int32_t> by_state;
+  for (std::int32_t s = 0; s < shape.states; ++s) {
+    const auto blocks = hot_blocks_of_state(t, s);
+    by_state.insert(by_state.end(), blocks.begin(), blocks.end());
+  }
+  rig.hot_table_by_state = device_tensor(*device, *stream, by_state, {shape.states, t.hot_blocks_per_row});
+  const std::vector<std::int32_t> rows = iota_vec(shape.requests);
+  std::vector<std::vector<std::int32_t>> selections;
+  for (std::size_t r = 0; r < rows.size(); ++r) selections.push_back(next_selection(t, {}, 0, rng));
+  {
+    SCOPED_TRACE("cold");
+    const HiSparseResult want = run_step_as_model(rig, t, make_step(t, rows, rows, selections), state);
+    EXPECT_GT(want.misses, 3u * 1000u);  // a fifth of the pages are resident
+  }
+  {
+    SCOPED_TRACE("replayed");
+    const HiSparseResult want = run_step_as_model(rig, t, make_step(t, rows, rows, selections), state);
+    EXPECT_EQ(want.misses, 0u);
+  }
+  {
+    SCOPED_TRACE("every position twice");
+    for (auto& sel : selections) {
+      std::vector<std::int32_t> half = next_selection(t, sel, 0.5, rng);
+      half.resize(std::size_t(t.top_k / 2));
+      sel = half;
+      sel.insert(sel.end(), half.begin(), half.end());
+      std::shuffle(sel.begin(), sel.end(), rng);
+    }
+    const HiSparseResult want = run_step_as_model(rig, t, make_step(t, rows, rows, selections), state);
+    EXPECT_GT(want.misses, 0u);
+    EXPECT_GT(want.hits, 0u);
+  }
+  {
+    SCOPED_TRACE("resident and invalid only, padding");
+    std::vector<std::int32_t> resident_only(std::size_t(t.top_k), -1);
+    std::size_t n = 0;
+    for (std::int32_t tok = 0; tok < t.source_blocks * t.source_block_size && n < resident_only.size(); tok += 5) {
+      if (reference::model_resident_row(t, 1, tok) >= 0) resident_only[n++] = tok;
+    }
+    ASSERT_GT(n, 0u);
+    std::shuffle(resident_only.begin(), resident_only.end(), rng);
+    selections[1] = resident_only;
+    selections[2] = next_selection(t, selections[2], 0.9, rng);
+    run_step_as_model(rig, t, make_step(t, {0, 1, 2}, {-1, 1, 2}, selections), state);
+  }
+  run_random_steps(rig, shape, state, 4, rng, true);
+}
+
 TEST_P(HiSparseResolveTest, BlockSizesThatAreNotPowersOfTwo) {
   // The kernel shifts and masks by power-of-two block sizes and divides by
   // the others: source, resident and hot blocks of 12, 12 and 24 rows.

@@ -59,7 +59,7 @@ struct Scratch {
   std::uint32_t* totals;       // [hisparse::team_total_words]
   std::int32_t* hot_blocks;    // [max_cached_hot_blocks]
   std::int16_t* evicted;       // [top_k]: the e-th evictable slot in LRU order
-  static constexpr std::size_t bytes() {
+  KOKKOS_INLINE_FUNCTION static constexpr std::size_t bytes() {
     return 4 * (2 * static_cast<std::size_t>(positions) + hisparse::team_total_words + max_cached_hot_blocks) +
            2 * static_cast<std::size_t>(top_k);
   }
@@ -456,11 +456,15 @@ void resolve_hisparse_rows(const Space& space, const HiSparseResolveArgs& a) {
                       static_cast<std::size_t>(Kokkos::TeamPolicy<Space>::scratch_size_max(0));
   if (a.slot_map == nullptr && resolves_in_lru_order(a) && shared) {
     resolve_hisparse_in_lru_order<Space, 0>(space, a);
-  } else if (a.slot_map == nullptr && resolves_in_lru_order(a) && is_host_space<Space>) {
-    resolve_hisparse_in_lru_order<Space, 1>(space, a);
-  } else {
-    resolve_hisparse(space, a);
+    return;
   }
+  if constexpr (is_host_space<Space>) {
+    if (a.slot_map == nullptr && resolves_in_lru_order(a)) {
+      resolve_hisparse_in_lru_order<Space, 1>(space, a);
+      return;
+    }
+  }
+  resolve_hisparse(space, a);
 }
 
 }  // namespace sparse_mla::kernels
