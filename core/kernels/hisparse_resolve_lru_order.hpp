@@ -137,47 +137,22 @@ struct HiSparseResolveInLruOrder {
     return -1;  // not reached: the set has room for every key
   }
 
-  // The positions of M host rows in the set, or -1 (g[u] < 0, or not
-  // there), looked up together: one bucket of each a round, so that their
-  // scratch loads overlap. A lookup ends at its key or at an empty position.
-  template <int M>
-  KOKKOS_INLINE_FUNCTION static void find(const hisparse_lru_order::Scratch& s, const std::int32_t (&g)[M],
-                                          std::int32_t (&at)[M]) {
+  // The position of host row g in the set, or -1 (g < 0, or not there).
+  KOKKOS_INLINE_FUNCTION static std::int32_t find(const hisparse_lru_order::Scratch& s, std::int32_t g) {
     using namespace hisparse_lru_order;
-    bool open[M];
-    std::int32_t b[M];
-    bool any = false;
-    for (int u = 0; u < M; ++u) {
-      at[u] = -1;
-      open[u] = g[u] >= 0;
-      b[u] = open[u] ? first_bucket(static_cast<std::uint32_t>(g[u])) : 0;
-      any = any || open[u];
-    }
-    for (std::int32_t round = 0; any && round < positions / bucket; ++round) {
-      any = false;
-      Int4 v[M];
-      for (int u = 0; u < M; ++u) v[u] = *reinterpret_cast<const Int4*>(s.keys + b[u]);
-      for (int u = 0; u < M; ++u) {
-        if (!open[u]) continue;
-        const std::uint32_t k[bucket] = {static_cast<std::uint32_t>(v[u].x), static_cast<std::uint32_t>(v[u].y),
-                                         static_cast<std::uint32_t>(v[u].z), static_cast<std::uint32_t>(v[u].w)};
-        for (int i = 0; i < bucket; ++i) {  // leaves by break, as in enter()
-          if (k[i] == static_cast<std::uint32_t>(g[u])) {
-            at[u] = b[u] + i;
-            open[u] = false;
-            break;
-          }
-          if (k[i] == empty_key) {
-            open[u] = false;
-            break;
-          }
-        }
-        if (open[u]) {
-          b[u] = next_bucket(b[u]);
-          any = true;
-        }
+    if (g < 0) return -1;
+    const auto key = static_cast<std::uint32_t>(g);
+    std::int32_t b = first_bucket(key);
+    for (std::int32_t round = 0; round < positions / bucket; ++round, b = next_bucket(b)) {
+      const Int4 v = *reinterpret_cast<const Int4*>(s.keys + b);
+      const std::uint32_t k[bucket] = {static_cast<std::uint32_t>(v.x), static_cast<std::uint32_t>(v.y),
+                                       static_cast<std::uint32_t>(v.z), static_cast<std::uint32_t>(v.w)};
+      for (int i = 0; i < bucket; ++i) {
+        if (k[i] == key) return b + i;
+        if (k[i] == empty_key) return -1;
       }
     }
+    return -1;
   }
 
   // What a thread holds from step A to the end.
@@ -268,7 +243,7 @@ struct HiSparseResolveInLruOrder {
     std::uint32_t counts = 0;
     for (int n = 0; n < N; ++n) {
       std::int32_t at[S];
-      find(s, o.holds[n], at);
+      for (int u = 0; u < S; ++u) at[u] = find(s, o.holds[n][u]);
       hit[n] = 0;
       for (int u = 0; u < S; ++u) {
         if (at[u] < 0) continue;
