@@ -165,6 +165,7 @@ struct TestEngine {
     config.block_size = bs;
     config.attention_block_stride = std::int64_t(hisparse_layers) * bs;
     config.state = HiSparseStateStorage{slot_rows, lru, hot_table, slot_map};
+    config.slot_map = true;  // the engine's own map (the default keeps none)
     for (int l = 0; l < hisparse_layers; ++l) {
       LayerConfig layer{head_size, "bfloat16", config, hisparse_layer_storage(l)};
       layers.push_back(builder->register_layer(l == 0, layer));

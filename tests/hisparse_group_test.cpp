@@ -137,19 +137,19 @@ TEST_P(HiSparseGroupTest, FootprintCountsHostPoolsHotCachesAndState) {
   const HiSparseConfig c = g.config();
   const std::uint64_t rows_bytes = 656 + 1152;
   const std::uint64_t hot_rows = std::uint64_t(c.max_requests) * (H / block_size) * c.attention_block_stride;
-  const std::uint64_t state = std::uint64_t(c.max_requests) * H * (4 + 2) + std::uint64_t(c.max_requests) * (H / block_size) * 4 +
-                              std::uint64_t(c.max_requests) * std::uint64_t(hisparse_slot_map_words(H)) * 4;  // + the slot map
+  const std::uint64_t state = std::uint64_t(c.max_requests) * H * (4 + 2) + std::uint64_t(c.max_requests) * (H / block_size) * 4;
   const std::uint64_t workspaces = 9 * K * 4 * 5 + 9 * 4 * 2 + 16;  // 4 resolve arrays + physical, 2 count rows, counters
   const HiSparseFootprint f = g.footprint();
+  EXPECT_FALSE(g.slot_map().defined());  // no slot map by default
   EXPECT_EQ(f.host_bytes, std::uint64_t(c.host_pool_rows) * rows_bytes);
   EXPECT_EQ(f.device_bytes, hot_rows * rows_bytes + state + workspaces);
-  // Without the slot map: the same but the map's bytes.
-  std::vector<LayerConfig> no_map = {hisparse_layer("fp8_ds_mla", 576), hisparse_layer("bfloat16", 576)};
-  no_map[0].hisparse->slot_map = false;
-  Engine e2(device, {true, false}, no_map, rng);
-  EXPECT_FALSE(e2.group(0).slot_map().defined());
+  // With a slot map: the same and the map's bytes.
+  std::vector<LayerConfig> with_map = {hisparse_layer("fp8_ds_mla", 576), hisparse_layer("bfloat16", 576)};
+  with_map[0].hisparse->slot_map = true;
+  Engine e2(device, {true, false}, with_map, rng);
+  EXPECT_TRUE(e2.group(0).slot_map().defined());
   EXPECT_EQ(e2.group(0).footprint().device_bytes,
-            f.device_bytes - std::uint64_t(c.max_requests) * std::uint64_t(hisparse_slot_map_words(H)) * 4);
+            f.device_bytes + std::uint64_t(c.max_requests) * std::uint64_t(hisparse_slot_map_words(H)) * 4);
 }
 
 // The main group test: several decode steps through two HiSparse groups.
@@ -160,7 +160,7 @@ TEST_P(HiSparseGroupTest, MultiLayerGroupsResolveOnceAndEveryLayerGetsItsOwnRows
   std::vector<LayerConfig> configs = {hisparse_layer("fp8_ds_mla", 576), hisparse_layer("bfloat16", 64),
                                       hisparse_layer("float32", 8), hisparse_layer("fp8_ds_mla", 576),
                                       hisparse_layer("bfloat16", 576)};
-  configs[3].hisparse->slot_map = false;  // the second group resolves without a slot map, the first with one
+  configs[0].hisparse->slot_map = true;  // the first group resolves with a slot map, the second without one
   Engine e(device, {true, false, false, true, false}, configs, rng);
   ASSERT_EQ(e.builder->groups().size(), 2u);
   EXPECT_TRUE(e.group(0).slot_map().defined());

@@ -56,12 +56,12 @@ struct HiSparseConfig {
   // 1: every batch row is its own request.
   std::int32_t max_rows_per_request = 1;
   // The group keeps a slot map beside the slot state it allocates (host row
-  // -> hot slot, docs/hisparse.md). It makes the resolve faster where most of
-  // a selection hits (99% and 100% hits) and slower at half hits
-  // (docs/PERFORMANCE.md); false resolves by searching the slots. Engine-owned
-  // state brings its own map (state.slot_map) or none, and this must then not
-  // be false with a map given.
-  bool slot_map = true;
+  // -> hot slot, docs/hisparse.md). Production rows (K = 2048, H = 4096)
+  // resolve faster without one, at every hit rate (docs/PERFORMANCE.md,
+  // session 30): they take the resolve in LRU order, which a map would bypass.
+  // Engine-owned state brings its own map (state.slot_map) or none, and this
+  // must then not be false with a map given.
+  bool slot_map = false;
   HiSparseStateStorage state;                // engine-owned slot state; undefined = allocated by the group
 };
 

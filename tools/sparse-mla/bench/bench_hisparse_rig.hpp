@@ -63,10 +63,10 @@ class HiSparseRig {
   // with_pool: allocate the host pool and the hot cache (for the gather);
   // rotate_outputs: every rotation set has its own outputs (else the sets
   // share one, for a case whose many rigs would not fit otherwise);
-  // slot_map: the state keeps a slot map, as an index group's does (else the
-  // resolve searches the slots).
+  // slot_map: the state keeps a slot map (HiSparseConfig::slot_map; an index
+  // group keeps none by default).
   HiSparseRig(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed, bool rotate_outputs = true,
-              bool slot_map = true);
+              bool slot_map = false);
 
   // Sets a cycle of `sets` steps needs for the designed hit rate.
   int min_sets() const;
