@@ -62,6 +62,8 @@ if want tests; then
   run golden "$cli" validate --backend cuda --golden tests/data/golden/*.safetensors
   run synthetic "$cli" validate --backend cuda --synthetic --layers 61 --index-every 4 --requests 16 --topk 256 --block-size 64 --steps 12 --json
   run synthetic-hisparse "$cli" validate --backend cuda --synthetic --hisparse --layers 8 --index-every 4 --requests 8 --topk 128 --hot-slots 256 --block-size 64 --context 4096 --steps 40 --json
+  # Production rows (K = 2048, H = 4096): the resolve in LRU order.
+  run synthetic-hisparse-production "$cli" validate --backend cuda --synthetic --hisparse --layers 8 --index-every 4 --requests 4 --topk 2048 --hot-slots 4096 --block-size 64 --context 16384 --steps 8 --json
 fi
 # compute-sanitizer, where the toolkit has it: memcheck over every CUDA
 # test (API errors are not reported: some tests provoke them on purpose, an
@@ -88,7 +90,7 @@ else
 fi
 # One bench process per group of cases, each bounded in time, so that one
 # slow case cannot cost the others their numbers.
-bench_groups=" ${BENCH_GROUPS:-ceiling floor convert upconvert group-step resolve resolve-search swap-in swap-in-search model-step pinned-gather miss-gather} "
+bench_groups=" ${BENCH_GROUPS:-ceiling floor convert upconvert group-step resolve resolve-map swap-in swap-in-map model-step pinned-gather miss-gather} "
 bench_group() { [[ "$bench_groups" == *" $1 "* ]]; }
 if want bench; then
   for cases in $bench_groups; do
