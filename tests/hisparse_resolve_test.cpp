@@ -776,6 +776,36 @@ TEST_P(HiSparseResolveTest, ProductionRowsMatchTheModelInEveryKindOfRow) {
   run_random_steps(rig, shape, state, 4, rng, true);
 }
 
+// Production rows with hot blocks at both ends of what the hot block table
+// holds: 16 rows (256 blocks, the most the resolve in LRU order caches) and
+// one block larger than all H slots; padding by a state index past the
+// state rows.
+TEST_P(HiSparseResolveTest, ProductionRowsWithTheSmallestAndLargestHotBlocks) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(17);
+  auto stream = device->create_stream();
+  for (const std::int32_t hot_block : {16, 8192}) {
+    SCOPED_TRACE("hot blocks of " + std::to_string(hot_block));
+    Shape shape = production_shape();
+    HiSparseTables t = make_tables(shape, rng);
+    t.hot_block_size = hot_block;
+    t.hot_blocks_per_row = (t.hot_slots + hot_block - 1) / hot_block;
+    t.attention_block_stride = 2 * hot_block;
+    HiSparseState state(shape.states, t.hot_slots);
+    HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
+    std::vector<std::vector<std::int32_t>> selections;
+    for (std::int32_t r = 0; r < shape.requests; ++r) selections.push_back(next_selection(t, {}, 0, rng));
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      for (auto& sel : selections) sel = next_selection(t, sel, 0.5, rng);
+      const std::vector<std::int32_t> states = step == 2 ? std::vector<std::int32_t>{0, shape.states}
+                                                         : std::vector<std::int32_t>{0, 1};
+      run_step_as_model(rig, t, make_step(t, {0, 1}, states, selections), state);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
 TEST_P(HiSparseResolveTest, BlockSizesThatAreNotPowersOfTwo) {
   // The kernel shifts and masks by power-of-two block sizes and divides by
   // the others: source, resident and hot blocks of 12, 12 and 24 rows.

@@ -199,7 +199,8 @@ struct HiSparseResolveInLruOrder {
       reinterpret_cast<Int4*>(s.words)[i] = unselected;
     }
     const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
-    const std::int32_t cached = padding ? 0 : H >> rows.hot_split.shift;
+    // Blocks of the H hot slots, rounded up (a block may be larger than H).
+    const std::int32_t cached = padding ? 0 : (H + (std::int32_t{1} << rows.hot_split.shift) - 1) >> rows.hot_split.shift;
     for (std::int32_t b = team.team_rank(); b < cached; b += threads) s.hot_blocks[b] = hot_table[b];
     for (int n = 0; n < N; ++n) {
       for (int u = 0; u < E; ++u) {
@@ -428,7 +429,7 @@ inline bool resolves_in_lru_order(const HiSparseResolveArgs& a) {
   return a.top_k == hisparse_lru_order::top_k && a.hot_slots == hisparse_lru_order::hot_slots &&
          power_of_two(a.source_block_size) && power_of_two(a.hot_block_size) &&
          (a.resident_block_table == nullptr || power_of_two(a.resident_block_size)) &&
-         hisparse_lru_order::hot_slots / a.hot_block_size <= hisparse_lru_order::max_cached_hot_blocks;
+         (hisparse_lru_order::hot_slots + a.hot_block_size - 1) / a.hot_block_size <= hisparse_lru_order::max_cached_hot_blocks;
 }
 
 template <class Space, int Level>
