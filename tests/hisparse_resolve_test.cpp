@@ -536,6 +536,17 @@ TEST_P(HiSparseResolveTest, AStateHoldingARowTwiceResolvesAsWithoutTheSlotMap) {
   }
 }
 
+// Gives the rig a hot block table indexed by state row (each state's own
+// blocks, as hot_blocks_of_state places them) in place of the one by batch row.
+void index_hot_table_by_state(HiSparseRig& rig, const HiSparseTables& t, std::int32_t states) {
+  std::vector<std::int32_t> by_state;
+  for (std::int32_t s = 0; s < states; ++s) {
+    const auto blocks = hot_blocks_of_state(t, s);
+    by_state.insert(by_state.end(), blocks.begin(), blocks.end());
+  }
+  rig.hot_table_by_state = device_tensor(rig.device, rig.stream, by_state, {states, t.hot_blocks_per_row});
+}
+
 TEST_P(HiSparseResolveTest, HotTableByStateRowMatchesTheTableByBatchRow) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(11);
@@ -546,12 +557,7 @@ TEST_P(HiSparseResolveTest, HotTableByStateRowMatchesTheTableByBatchRow) {
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
   HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng, slot_map());
-  std::vector<std::int32_t> by_state;
-  for (std::int32_t s = 0; s < shape.states; ++s) {
-    const auto blocks = hot_blocks_of_state(t, s);
-    by_state.insert(by_state.end(), blocks.begin(), blocks.end());
-  }
-  rig.hot_table_by_state = device_tensor(*device, *stream, by_state, {shape.states, t.hot_blocks_per_row});
+  index_hot_table_by_state(rig, t, shape.states);
   run_random_steps(rig, shape, state, 8, rng, false);
 }
 
@@ -728,12 +734,7 @@ TEST_P(HiSparseResolveTest, ProductionRowsMatchTheModelInEveryKindOfRow) {
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
   HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
-  std::vector<std::int32_t> by_state;
-  for (std::int32_t s = 0; s < shape.states; ++s) {
-    const auto blocks = hot_blocks_of_state(t, s);
-    by_state.insert(by_state.end(), blocks.begin(), blocks.end());
-  }
-  rig.hot_table_by_state = device_tensor(*device, *stream, by_state, {shape.states, t.hot_blocks_per_row});
+  index_hot_table_by_state(rig, t, shape.states);
   const std::vector<std::int32_t> rows = iota_vec(shape.requests);
   std::vector<std::vector<std::int32_t>> selections;
   for (std::size_t r = 0; r < rows.size(); ++r) selections.push_back(next_selection(t, {}, 0, rng));

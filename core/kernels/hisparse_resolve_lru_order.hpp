@@ -200,7 +200,7 @@ struct HiSparseResolveInLruOrder {
     }
     const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
     // Blocks of the H hot slots, rounded up (a block may be larger than H).
-    const std::int32_t cached = padding ? 0 : (H + (std::int32_t{1} << rows.hot_split.shift) - 1) >> rows.hot_split.shift;
+    const std::int32_t cached = padding ? 0 : hisparse::groups(H, std::int32_t{1} << rows.hot_split.shift);
     for (std::int32_t b = team.team_rank(); b < cached; b += threads) s.hot_blocks[b] = hot_table[b];
     for (int n = 0; n < N; ++n) {
       for (int u = 0; u < E; ++u) {
@@ -422,14 +422,15 @@ struct HiSparseResolveInLruOrder {
   }
 };
 
-// Whether a launch can take HiSparseResolveInLruOrder: production rows whose
-// block sizes are powers of two and whose hot blocks hold 16 rows or more.
+// Whether a launch can take HiSparseResolveInLruOrder: production rows
+// without a slot map (the kernel does not keep one), whose block sizes are
+// powers of two and whose hot blocks hold 16 rows or more.
 inline bool resolves_in_lru_order(const HiSparseResolveArgs& a) {
   const auto power_of_two = [](std::int32_t n) { return exact_log2(n) >= 0; };
-  return a.top_k == hisparse_lru_order::top_k && a.hot_slots == hisparse_lru_order::hot_slots &&
+  return a.slot_map == nullptr && a.top_k == hisparse_lru_order::top_k && a.hot_slots == hisparse_lru_order::hot_slots &&
          power_of_two(a.source_block_size) && power_of_two(a.hot_block_size) &&
          (a.resident_block_table == nullptr || power_of_two(a.resident_block_size)) &&
-         (hisparse_lru_order::hot_slots + a.hot_block_size - 1) / a.hot_block_size <= hisparse_lru_order::max_cached_hot_blocks;
+         hisparse::groups(a.hot_slots, a.hot_block_size) <= hisparse_lru_order::max_cached_hot_blocks;
 }
 
 template <class Space, int Level>
@@ -443,24 +444,23 @@ void resolve_hisparse_in_lru_order(const Space& space, const HiSparseResolveArgs
   const auto source = BlockSplit<SplitBy::shift>::of(a.source_block_size);
   const auto resident = BlockSplit<SplitBy::shift>::of(a.resident_block_size);
   const auto hot = BlockSplit<SplitBy::shift>::of(a.hot_block_size);
-  using Rows = HiSparseResolve<Space, 0, ProductionShape>;
+  using Kernel = HiSparseResolveInLruOrder<Space, Level, N>;
   Kokkos::parallel_for("sparse_mla::resolve_hisparse_in_lru_order", policy,
-                       HiSparseResolveInLruOrder<Space, Level, N>{Rows{a, 0, source, resident, hot}});
+                       Kernel{typename Kernel::Rows{a, 0, source, resident, hot}});
 }
 
-// The resolve of a launch: production rows without a slot map in LRU order,
+// The resolve of a launch: production rows without a slot map in LRU order
+// (level-0 scratch where it holds the set, else level 1 on host spaces),
 // every other launch as resolve_hisparse() takes it.
 template <class Space>
 void resolve_hisparse_rows(const Space& space, const HiSparseResolveArgs& a) {
   if (a.num_rows == 0) return;
-  const bool shared = hisparse_lru_order::Scratch::bytes() + 16 <=
-                      static_cast<std::size_t>(Kokkos::TeamPolicy<Space>::scratch_size_max(0));
-  if (a.slot_map == nullptr && resolves_in_lru_order(a) && shared) {
-    resolve_hisparse_in_lru_order<Space, 0>(space, a);
-    return;
-  }
-  if constexpr (is_host_space<Space>) {
-    if (a.slot_map == nullptr && resolves_in_lru_order(a)) {
+  if (resolves_in_lru_order(a)) {
+    if (hisparse_lru_order::Scratch::bytes() + 16 <= static_cast<std::size_t>(Kokkos::TeamPolicy<Space>::scratch_size_max(0))) {
+      resolve_hisparse_in_lru_order<Space, 0>(space, a);
+      return;
+    }
+    if constexpr (is_host_space<Space>) {
       resolve_hisparse_in_lru_order<Space, 1>(space, a);
       return;
     }
