@@ -200,7 +200,7 @@ struct HiSparseResolveInLruOrder {
     }
     const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
     // Blocks of the H hot slots, rounded up (a block may be larger than H).
-    const std::int32_t cached = padding ? 0 : hisparse::groups(H, std::int32_t{1} << rows.hot_split.shift);
+    const std::int32_t cached = padding ? 0 : (H + (std::int32_t{1} << rows.hot_split.shift) - 1) >> rows.hot_split.shift;
     for (std::int32_t b = team.team_rank(); b < cached; b += threads) s.hot_blocks[b] = hot_table[b];
     for (int n = 0; n < N; ++n) {
       for (int u = 0; u < E; ++u) {
