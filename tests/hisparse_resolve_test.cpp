@@ -807,6 +807,49 @@ TEST_P(HiSparseResolveTest, ProductionRowsWithTheSmallestAndLargestHotBlocks) {
   }
 }
 
+// Production rows without any optional output (attention indices, resolved
+// rows, miss mask, valid counts, counters): the hot indices, the swap lists
+// and the state match the model step after step, with hits, misses and
+// repeated entries, and the optional outputs' buffers and the counters are
+// never written.
+TEST_P(HiSparseResolveTest, ProductionRowsWithoutTheOptionalOutputs) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(18);
+  auto stream = device->create_stream();
+  Shape shape = production_shape();
+  shape.resident = true;
+  const HiSparseTables t = make_tables(shape, rng);
+  HiSparseState state(shape.states, t.hot_slots);
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
+  rig.optional_outputs = false;
+  const std::vector<std::int64_t> counters_before = rig.hit_miss_counters();
+  const std::vector<std::int32_t> rows = iota_vec(shape.requests);
+  std::vector<std::vector<std::int32_t>> selections(rows.size());
+  std::uint64_t hits = 0, misses = 0;
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    for (auto& sel : selections) {
+      sel = next_selection(t, sel, 0.5, rng);
+      for (int d = 0; d < 6; ++d) sel[rng() % sel.size()] = sel[rng() % sel.size()];
+    }
+    const HiSparseResult got = rig.run(make_step(t, rows, rows, selections));
+    HiSparseResult want = reference::resolve_model(t, make_step(t, rows, rows, selections), state);
+    hits += want.hits;
+    misses += want.misses;
+    // The model's optional outputs are what the kernel must leave alone: the poison.
+    const std::vector<std::int32_t> untouched(want.hot_indices.size(), poison_i32);
+    want.attention_indices = want.resolved_rows = want.miss_mask = untouched;
+    want.valid_counts.assign(want.valid_counts.size(), poison_i32);
+    expect_same(got, want, t.top_k);
+    expect_same_state(rig.state(), state);
+    expect_slots_hold_host_rows(rig, state);
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(hits, 0u);
+  EXPECT_GT(misses, 0u);
+  EXPECT_EQ(rig.hit_miss_counters(), counters_before);
+}
+
 TEST_P(HiSparseResolveTest, BlockSizesThatAreNotPowersOfTwo) {
   // The kernel shifts and masks by power-of-two block sizes and divides by
   // the others: source, resident and hot blocks of 12, 12 and 24 rows.

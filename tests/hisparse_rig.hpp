@@ -31,6 +31,10 @@ struct HiSparseRig {
   // With `with_slot_map`, the state carries a slot map (rebuilt after every set_state()).
   bool with_slot_map;
   DeviceTensor slot_map;
+  // false: the resolve gets none of its optional outputs (attention indices,
+  // resolved rows, miss mask, valid counts, counters); their buffers keep
+  // the poison.
+  bool optional_outputs = true;
 
   HiSparseRig(Device& d, Stream& s, const reference::HiSparseTables& t, const reference::HiSparseState& state,
               std::int32_t rows, std::int64_t bytes_per_row, std::int32_t hot_cache_blocks, std::mt19937_64& rng,
@@ -154,14 +158,16 @@ struct HiSparseRig {
   HiSparseResolveOutputs outputs() const {
     HiSparseResolveOutputs out;
     out.hot_indices = hot_indices.tensor;
-    out.attention_indices = attention.tensor;
-    out.resolved_rows = resolved.tensor;
-    out.miss_mask = miss.tensor;
     out.swap_host_rows = swap_host.tensor;
     out.swap_device_rows = swap_device.tensor;
-    out.valid_counts = valid.tensor;
     out.swap_counts = swaps.tensor;
-    out.hit_miss_counters = counters.tensor;
+    if (optional_outputs) {
+      out.attention_indices = attention.tensor;
+      out.resolved_rows = resolved.tensor;
+      out.miss_mask = miss.tensor;
+      out.valid_counts = valid.tensor;
+      out.hit_miss_counters = counters.tensor;
+    }
     return out;
   }
 
