@@ -738,14 +738,22 @@ TEST_P(HiSparseResolveTest, ProductionRowsMatchTheModelInEveryKindOfRow) {
   const std::vector<std::int32_t> rows = iota_vec(shape.requests);
   std::vector<std::vector<std::int32_t>> selections;
   for (std::size_t r = 0; r < rows.size(); ++r) selections.push_back(next_selection(t, {}, 0, rng));
+  const std::vector<std::int64_t> counters_before = rig.hit_miss_counters();
+  std::int64_t hits = 0, misses = 0;
+  const auto count = [&](const HiSparseResult& want) {
+    hits += std::int64_t(want.hits);
+    misses += std::int64_t(want.misses);
+  };
   {
     SCOPED_TRACE("cold");
     const HiSparseResult want = run_step_as_model(rig, t, make_step(t, rows, rows, selections), state);
+    count(want);
     EXPECT_GT(want.misses, 3u * 1000u);  // a fifth of the pages are resident
   }
   {
     SCOPED_TRACE("replayed");
     const HiSparseResult want = run_step_as_model(rig, t, make_step(t, rows, rows, selections), state);
+    count(want);
     EXPECT_EQ(want.misses, 0u);
   }
   {
@@ -758,6 +766,7 @@ TEST_P(HiSparseResolveTest, ProductionRowsMatchTheModelInEveryKindOfRow) {
       std::shuffle(sel.begin(), sel.end(), rng);
     }
     const HiSparseResult want = run_step_as_model(rig, t, make_step(t, rows, rows, selections), state);
+    count(want);
     EXPECT_GT(want.misses, 0u);
     EXPECT_GT(want.hits, 0u);
   }
@@ -772,8 +781,11 @@ TEST_P(HiSparseResolveTest, ProductionRowsMatchTheModelInEveryKindOfRow) {
     std::shuffle(resident_only.begin(), resident_only.end(), rng);
     selections[1] = resident_only;
     selections[2] = next_selection(t, selections[2], 0.9, rng);
-    run_step_as_model(rig, t, make_step(t, {0, 1, 2}, {-1, 1, 2}, selections), state);
+    count(run_step_as_model(rig, t, make_step(t, {0, 1, 2}, {-1, 1, 2}, selections), state));
   }
+  // The counters add each step's hits and misses (none for padding, resident
+  // or invalid entries).
+  EXPECT_EQ(rig.hit_miss_counters(), (std::vector<std::int64_t>{counters_before[0] + hits, counters_before[1] + misses}));
   run_random_steps(rig, shape, state, 4, rng, true);
 }
 
