@@ -8,6 +8,7 @@
 # optionally, sparse_utils.py (vLLM's, for the reference timing, run with
 # REFERENCE_PYTHON or the python3 that has torch). Kokkos (CUDA, Hopper,
 # position-independent) and GoogleTest are built under .kokkos/ once.
+# tools/ci/gpu-deps.sh assembles DEPS_DIR.
 # SETUP_ONLY=1: build them, write OUT_DIR/env.sh (KOKKOS_PREFIX, DEPS_PREFIX,
 # REFERENCE_SPARSE_UTILS) for other scripts (gpu-compare.sh), and stop.
 set -euo pipefail
