@@ -3,7 +3,7 @@
 # what is missing. Kokkos is Debian's libtrilinos-kokkos-dev (3.4, Serial);
 # GPU builds bring their own Kokkos (docs/GPU.md).
 set -euo pipefail
-packages=(cmake ninja-build g++ pkg-config
+packages=(cmake ninja-build g++ pkg-config ccache
   libtrilinos-kokkos-dev libcli11-dev libgtest-dev nlohmann-json3-dev libbenchmark-dev
   libamdhip64-dev hipcc rocm-device-libs clang libclang-rt-14-dev
   python3-dev pybind11-dev python3-numpy python3-pytest)
