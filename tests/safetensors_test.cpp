@@ -4,9 +4,7 @@
 //   tests/data:  env SPARSE_MLA_TEST_DATA_DIR, the compile definition of that
 //                name, SPARSE_MLA_SOURCE_DIR "/tests/data", "tests/data".
 //   golden dir:  env SPARSE_MLA_GOLDEN_DIR, the compile definition of that
-//                name, SPARSE_MLA_SOURCE_DIR "/tests/data/golden" or
-//                SPARSE_MLA_SOURCE_DIR "/shared/golden" if it exists,
-//                "/work/shared/golden".
+//                name, the tests/data directory's "golden".
 #include "validation/safetensors.hpp"
 
 #include <gtest/gtest.h>
@@ -43,25 +41,15 @@ std::string dir_from(const char* env, const char* fallback) {
   const char* v = std::getenv(env);
   return (v && *v && fs::exists(v)) ? std::string(v) : std::string(fallback);
 }
+std::string test_data_dir() { return dir_from("SPARSE_MLA_TEST_DATA_DIR", SPARSE_MLA_TEST_DATA_DIR); }
 std::string golden_dir() {
 #ifdef SPARSE_MLA_GOLDEN_DIR
   return dir_from("SPARSE_MLA_GOLDEN_DIR", SPARSE_MLA_GOLDEN_DIR);
 #else
-#ifdef SPARSE_MLA_SOURCE_DIR
-  // The project's own copy (tests/data/golden), then a shared checkout's.
-  if (fs::is_directory(SPARSE_MLA_SOURCE_DIR "/tests/data/golden")) {
-    return dir_from("SPARSE_MLA_GOLDEN_DIR", SPARSE_MLA_SOURCE_DIR "/tests/data/golden");
-  }
-  if (fs::is_directory(SPARSE_MLA_SOURCE_DIR "/shared/golden")) {
-    return dir_from("SPARSE_MLA_GOLDEN_DIR", SPARSE_MLA_SOURCE_DIR "/shared/golden");
-  }
-#endif
-  return dir_from("SPARSE_MLA_GOLDEN_DIR", "/work/shared/golden");
+  return dir_from("SPARSE_MLA_GOLDEN_DIR", (test_data_dir() + "/golden").c_str());
 #endif
 }
-std::string malformed_dir() {
-  return dir_from("SPARSE_MLA_TEST_DATA_DIR", SPARSE_MLA_TEST_DATA_DIR) + "/malformed";
-}
+std::string malformed_dir() { return test_data_dir() + "/malformed"; }
 std::string golden(const std::string& stem) { return golden_dir() + "/" + stem + ".safetensors"; }
 
 const std::vector<std::string> kGoldenStems = {

@@ -9,7 +9,8 @@ Two kinds of files, listed in expected_errors.tsv (file, check, message part):
   must reject it with an Error whose message contains the given text.
 - check "content": a valid safetensors file (a copy of golden case c1 with one
   thing changed) that the golden dispatch must reject; the text says what is
-  wrong. These need the golden file c1 (default: /work/shared/golden/).
+  wrong. These need the golden file c1 (default: the project's copy in
+  tests/data/golden/).
 
 Output is deterministic: running the script twice gives identical files.
 """
@@ -19,7 +20,7 @@ import struct
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_C1 = "/work/shared/golden/c1_convert_tiny_edges.safetensors"
+DEFAULT_C1 = os.path.join(HERE, os.pardir, "golden", "c1_convert_tiny_edges.safetensors")
 
 entries = []  # (file name, check, expected message part)
 
