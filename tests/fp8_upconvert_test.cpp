@@ -483,7 +483,7 @@ TEST_P(Fp8UpconvertTest, EveryRejectionNamesTheArgumentAndWritesNothing) {
   const auto in = random_host_backed(rng, GatherShape{{5, 9}, 8, true, 0}, 8, false);
   OnDevice d = to_device(in);
   const Call plain{d.cache.tensor, d.dst, d.block_table.tensor, d.workspace_starts.tensor, in.batch,
-                   Fp8GatherParams{Fp8Format::e4m3fn, d.seq_starts.tensor, {}, {}, {}, 0}};
+                   Fp8GatherParams{Fp8Format::e4m3fn, d.seq_starts.tensor, {}, {}, {}, 0, KvFormat::fp8_ds_mla}};
   const Call host_backed{d.cache.tensor, d.dst, d.block_table.tensor, d.workspace_starts.tensor, in.batch, d.params};
 
   auto other = open_device(GetParam());

@@ -167,6 +167,34 @@ TEST_P(TopkConvertTest, MatchesTheReferenceOverManyShapes) {
   }
 }
 
+// DeepSeek V4's sparse layers select among compressed rows held 64 and 2 a
+// page (model1_fp8 pages), top-k 512 and 1024: every launch shape a GPU
+// takes for them (one token, few, 512 or more), with and without counts.
+TEST_P(TopkConvertTest, DeepSeekV4PageSizesMatchTheReference) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(9);
+  for (const std::int32_t block_size : {64, 2}) {
+    for (const std::int64_t K : {512, 1024}) {
+      for (const std::int64_t T : {1, 40, 600}) {
+        const Shape s{T, K, 5, block_size == 64 ? 40 : 1300, block_size, block_size, false};
+        SCOPED_TRACE(describe(s));
+        const auto in = random_inputs(rng, s, s.R * s.B + 3);
+        const auto expected = reference::convert_topk(in);
+        OnDevice d = to_device(in, s.R);
+        for (const bool counts : {true, false}) {
+          d.params.return_valid_counts = counts;
+          const TopkConversion got = convert_logical_to_physical_topk(*stream, d.req_id.tensor, d.block_table.tensor,
+                                                                      d.logical.tensor, d.params);
+          EXPECT_EQ(fetch(got.physical), expected.physical);
+          if (counts) {
+            EXPECT_EQ(fetch(got.valid_counts), expected.valid_counts);
+          }
+        }
+      }
+    }
+  }
+}
+
 // Block ids near 2^31 / stride: the product wraps like the reference's
 // int32, and an entry that wraps to exactly -1 is not counted (SPEC: counts
 // are of entries not equal to -1).

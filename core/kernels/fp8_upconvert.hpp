@@ -1,16 +1,20 @@
-// FP8 gather-upconvert of fp8_ds_mla rows to bf16 (SPEC section 3).
+// FP8 gather-upconvert of paged cache tokens to bf16 (SPEC section 3), one
+// kernel source for both cache formats (KvFormat, see Layout below) and both
+// ways of naming the tokens (Gather).
 //
 // Page tasks as the reference engine numbers them: requests in order, each
-// split at block boundaries, ceil(T / block_size) + 2 * batch tasks cover
-// every page. CPUs take a team per task; GPUs split a task's rows over
-// teams of 8 rows (few pages) or 16 rows (many pages), see
-// gather_upconvert_fp8. A team works through its rows in units, 40 a row:
-// 32 units of 16 fp8 values and 8 units of 16 RoPE bytes. Unit k < 32 holds
-// values 8k .. 8k + 7 and 256 + 8k .. 256 + 8k + 7 (two 8-byte loads, two
-// 16-byte stores of bf16), so that consecutive threads load consecutive
-// 8-byte pieces and store consecutive 16-byte pieces: every store of a warp
-// fills whole 32-byte sectors (units of 16 consecutive values stored two
-// half sectors per thread, at a 32-byte stride). Four fp8 bytes decode
+// split at block boundaries. ceil(T / block_size) + 2 * batch tasks cover
+// every page of a workspace gather of T rows, batch * (ceil(W / block_size)
+// + 1) every page of a position-range gather of W rows a request. CPUs take
+// a team per task; GPUs split a task's rows over teams of 8 rows (few
+// pages) or 16 rows (many pages), see gather_upconvert_fp8. A team works
+// through its rows in units (Layout::units_per_row a row): NoPE unit k holds
+// values 8k .. 8k + 7 and H + 8k .. H + 8k + 7, H half of the row's fp8
+// values (two 8-byte loads, two 16-byte stores of bf16), so that
+// consecutive threads load consecutive 8-byte pieces and store consecutive
+// 16-byte pieces: every store of a warp fills whole 32-byte sectors (units
+// of 16 consecutive values stored two half sectors per thread, at a 32-byte
+// stride). The other units copy 16 RoPE bytes each. Four fp8 bytes decode
 // together in integer operations on two bytes at a time; the float32
 // product is rounded to bf16 by the instruction the reference uses on CUDA,
 // by exact integer rounding elsewhere, so host and GPU agree bit for bit.
@@ -28,11 +32,6 @@
 namespace sparse_mla::kernels {
 
 namespace fp8 {
-
-constexpr int units_per_row = 40;  // 32 units of 16 fp8 values, 8 units of 16 RoPE bytes
-constexpr int nope_units = 32;
-constexpr int half_values = 256;    // a unit's second 8 values are this far from its first
-constexpr int units_per_scale = 16;  // 128 values per scale, 8 of them in each half of a unit
 
 // The decode of a little-endian word of four e4m3 bytes, two bytes per
 // 32-bit operation: the path of every unit without a NaN byte. spread_low
@@ -75,7 +74,66 @@ KOKKOS_INLINE_FUNCTION std::uint32_t load4(const std::uint8_t* p) {
 KOKKOS_INLINE_FUNCTION std::int64_t min64(std::int64_t x, std::int64_t y) { return x < y ? x : y; }
 KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { return x > y ? x : y; }
 
+// The float bits of a ue8m0 scale byte b, 2^(b - 127): b in the exponent
+// field; b = 0 is the subnormal 2^-127, b = 255 infinity (as exp2 gives it).
+KOKKOS_INLINE_FUNCTION std::uint32_t ue8m0_float_bits(std::uint32_t b) { return b == 0 ? 0x00400000u : b << 23; }
+
+// The two cache formats (KvFormat), as the kernel reads a token: where its
+// scales lie, how its units split, how wide its output is.
+//
+// fp8_ds_mla: a 656-byte row a token: 512 fp8 values, 4 float32 scales (128
+// values each), 64 bf16 RoPE values. 40 units a row: 32 of 16 fp8 values,
+// 8 of 16 RoPE bytes; 576 bf16 out.
+struct DsMlaRows {
+  static constexpr int units_per_row = 40;
+  static constexpr int nope_units = 32;
+  static constexpr int half_values = 256;  // a unit's second 8 values are this far from its first
+  static constexpr int out_width = 576;
+  static constexpr int rope_offset = 528;  // of the RoPE bytes in the token
+  static constexpr bool host_backed = true;  // the host-backed variant reads these rows
+  // The scales of unit k's halves (values 8k.. and 256 + 8k..: scales k / 16
+  // and k / 16 + 2), as float bits: two 4-byte loads.
+  template <bool Vector, device::Fetch How>
+  KOKKOS_INLINE_FUNCTION static void scale_bits(const std::uint8_t* scales, int k, std::uint32_t bits[2]) {
+    const std::uint8_t* first = scales + 4 * (k / 16);
+    bits[0] = load4<Vector, How>(first);
+    bits[1] = load4<Vector, How>(first + 4 * (half_values / 128));
+  }
+};
+
+// model1_fp8 (DeepSeek V4): a token's 576 data bytes (448 fp8 values, 64
+// bf16 RoPE values) and, elsewhere in its page, its 8-byte scale group (7
+// ue8m0 scales of 64 values, a pad byte). 36 units a row: 28 of 16 fp8
+// values, 8 of 16 RoPE bytes; 512 bf16 out.
+struct Model1Pages {
+  static constexpr int units_per_row = 36;
+  static constexpr int nope_units = 28;
+  static constexpr int half_values = 224;
+  static constexpr int out_width = 512;
+  static constexpr int rope_offset = 448;
+  static constexpr bool host_backed = false;
+  // Unit k's halves lie in tiles k / 8 and (k + 28) / 8 (224 = 3.5 tiles):
+  // bytes of the token's scale group, read in one 8-byte load.
+  template <bool Vector, device::Fetch How>
+  KOKKOS_INLINE_FUNCTION static void scale_bits(const std::uint8_t* scales, int k, std::uint32_t bits[2]) {
+    std::uint32_t group[2];
+    load8<Vector, How>(scales, group);
+    const int tiles[2] = {k / 8, (k + nope_units) / 8};
+    for (int h = 0; h < 2; ++h) {
+      const std::uint32_t word = tiles[h] < 4 ? group[0] : group[1];
+      bits[h] = ue8m0_float_bits((word >> (8 * (tiles[h] % 4))) & 0xFFu);
+    }
+  }
+};
+
 }  // namespace fp8
+
+// How the requests name their tokens (Fp8UpconvertArgs):
+// - workspace: request r fills the output rows [ws[r], ws[r + 1]) from
+//   token seq_starts[r] (or 0) on;
+// - positions: request r fills rows offset + i of its own output slice
+//   from its last gather_lens[r] positions (DeepSeek V4's prefill gather).
+enum class Gather { workspace, positions };
 
 // The three GPU launches of the kernel (gather_upconvert_fp8 picks one; CPUs
 // take many_pages). In all of them a warp's request loads go out before the
@@ -88,13 +146,15 @@ KOKKOS_INLINE_FUNCTION std::int64_t max64(std::int64_t x, std::int64_t y) { retu
 //   fetched without keeping them in the L1.
 enum class UpconvertShape { few_pages, many_pages, many_pages_streaming };
 
-template <class Space, bool Vector, class Split, UpconvertShape Shape>
+template <class Space, class Layout, Gather Requests, bool Vector, class Split, UpconvertShape Shape>
 struct Fp8Upconvert {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
   static constexpr bool streaming = Shape == UpconvertShape::many_pages_streaming;
   static constexpr device::Fetch fetch = Shape == UpconvertShape::few_pages ? device::Fetch::plain
                                       : streaming                       ? device::Fetch::wide_streaming
                                                                         : device::Fetch::wide;
+  static constexpr int units_per_row = Layout::units_per_row;
+  static constexpr int nope_units = Layout::nope_units;
   // Read first (a team's task), then the arguments in the order read.
   std::int32_t rows_per_task;     // rows of a page one team converts
   std::int32_t chunks_per_page;   // teams per page task (32-bit: a 64-bit division is ~100 instructions)
@@ -107,7 +167,7 @@ struct Fp8Upconvert {
     std::int64_t block;          // logical block of the request
     std::int64_t first_token;    // in the block
     std::int64_t rows;
-    std::int64_t first_output;   // output row of first_token
+    std::int64_t first_output;   // output row of first_token (in the request's output slice)
   };
 
   // Task -> page: the reference engine's numbering, requests in order.
@@ -118,15 +178,45 @@ struct Fp8Upconvert {
     std::int64_t begin, length, source, pages;
   };
 
-  KOKKOS_INLINE_FUNCTION Request request(std::int32_t r, std::int32_t start, std::int32_t next,
-                                         std::int32_t source) const {
-    const std::int64_t total = a.total_rows;
-    const std::int64_t begin = fp8::min64(start, total);
-    const std::int64_t end = fp8::min64(r + 1 < a.batch ? next : total, total);
-    const std::int64_t length = fp8::max64(end - begin, 0);
+  // What a request's lookup loads (request_loads): a workspace request's
+  // start, the next request's start and its first source token; a position
+  // request's length and how many of its last positions it gathers.
+  struct RequestLoads {
+    std::int32_t first, second, third;
+  };
+
+  // Loads for request r (indices clamped to the last request, so the loads
+  // need no branch; batch >= 1 by the launch's guard).
+  KOKKOS_INLINE_FUNCTION RequestLoads request_loads(std::int32_t r) const {
+    const std::int32_t last = a.batch - 1;
+    const std::int32_t at = r < last ? r : last;
+    if constexpr (Requests == Gather::workspace) {
+      return RequestLoads{a.workspace_starts[at], a.workspace_starts[at + 1 <= last ? at + 1 : last],
+                          a.seq_starts != nullptr ? a.seq_starts[at] : 0};
+    } else {
+      const std::int32_t length = a.seq_lens[at];
+      return RequestLoads{length, a.gather_lens != nullptr ? a.gather_lens[at] : length, 0};
+    }
+  }
+
+  KOKKOS_INLINE_FUNCTION Request request(std::int32_t r, const RequestLoads& l) const {
+    std::int64_t begin, length, source;
+    if constexpr (Requests == Gather::workspace) {
+      const std::int64_t total = a.total_rows;
+      begin = fp8::min64(l.first, total);
+      const std::int64_t end = fp8::min64(r + 1 < a.batch ? l.second : total, total);
+      length = fp8::max64(end - begin, 0);
+      source = l.third;
+    } else {
+      // Positions seq_len - gather .. seq_len - 1 to rows offset .., as many
+      // as the request's slice holds.
+      begin = a.first_output;
+      length = fp8::max64(fp8::min64(l.second, std::int64_t{a.request_rows} - a.first_output), 0);
+      source = std::int64_t{l.first} - l.second;
+    }
     // No valid source rows (source < 0): no pages, its rows stay unwritten.
     const std::int64_t pages =
-        source < 0 ? 0 : split.block(source + length + a.block_size - 1) - split.block(std::int64_t{source});
+        source < 0 ? 0 : split.block(source + length + a.block_size - 1) - split.block(source);
     return Request{begin, length, source, pages};
   }
 
@@ -143,34 +233,18 @@ struct Fp8Upconvert {
   // the 32 lanes of a lane group take 32 requests at once (loads, page counts, a
   // shuffle scan of them, a ballot for the one that holds the task), where a
   // loop over the requests had cost each warp about as much as converting
-  // its rows. Elsewhere (page_of) a loop, with the starts of 8 requests loaded
-  // before any is used (clamped indices, not branches, so that the loads
-  // issue together).
+  // its rows. Elsewhere (page_of) a loop, with the loads of 8 requests
+  // issued before any is used (clamped indices, not branches, so that the
+  // loads issue together).
   static constexpr std::int32_t loads_together = 8;
-
-  // What a lane loads for request r0 + lane: its start, the next request's
-  // start and its first source row (indices clamped to the last request, so
-  // the loads need no branch; batch >= 1 by the launch's guard).
-  struct RequestLoads {
-    std::int32_t start, next, source;
-  };
-  KOKKOS_INLINE_FUNCTION RequestLoads request_loads(std::int32_t r) const {
-    const std::int32_t last = a.batch - 1;
-    const std::int32_t at = r < last ? r : last;
-    return RequestLoads{a.workspace_starts[at], a.workspace_starts[at + 1 <= last ? at + 1 : last],
-                        a.seq_starts != nullptr ? a.seq_starts[at] : 0};
-  }
 
   KOKKOS_INLINE_FUNCTION bool page_of(std::int64_t task, Page& page) const {
     const std::int32_t last = a.batch - 1;
     for (std::int32_t r0 = 0; r0 <= last; r0 += loads_together) {
-      std::int32_t start[loads_together + 1], source[loads_together];
-      for (int u = 0; u <= loads_together; ++u) start[u] = a.workspace_starts[r0 + u < last ? r0 + u : last];
-      for (int u = 0; u < loads_together; ++u) {
-        source[u] = a.seq_starts != nullptr ? a.seq_starts[r0 + u < last ? r0 + u : last] : 0;
-      }
+      RequestLoads loads[loads_together];
+      for (int u = 0; u < loads_together; ++u) loads[u] = request_loads(r0 + u);
       for (int u = 0; u < loads_together && r0 + u <= last; ++u) {
-        const Request q = request(r0 + u, start[u], start[u + 1], source[u]);
+        const Request q = request(r0 + u, loads[u]);
         if (task < q.pages) {
           page = page_in(r0 + u, q, task);
           return true;
@@ -191,7 +265,7 @@ struct Fp8Upconvert {
       const std::int32_t r = r0 + lane;
       if (r0 > 0) loads = request_loads(r);
       const std::int32_t at = r < last ? r : last;
-      Request q = request(at, loads.start, loads.next, loads.source);
+      Request q = request(at, loads);
       // Page counts in 32 bits, each shuffle one instruction (64-bit ones
       // are two): sums saturate at 2^31 - 1, above every task (the league
       // is an int), so a saturated lane never holds the task and the lane
@@ -220,8 +294,17 @@ struct Fp8Upconvert {
     return false;
   }
 
-  // Where token `token` of the page's block is read from; nullptr when the
-  // block table, the ids or the cache do not hold it.
+  // Where a token's data and scales are read from.
+  struct Token {
+    const std::uint8_t* data;    // the token's fp8 values and RoPE bytes
+    const std::uint8_t* scales;  // its scales
+  };
+  KOKKOS_INLINE_FUNCTION static Token row_token(const std::uint8_t* row) {
+    return Token{row, row == nullptr ? nullptr : row + fp8_scales_offset};
+  }
+
+  // Flat device row `row` of the host-backed variant's staged rows, or
+  // nullptr when the cache does not hold it.
   KOKKOS_INLINE_FUNCTION const std::uint8_t* device_row(std::int64_t row) const {
     if (row < 0 || row >= a.cache_blocks * a.cache_block_size) return nullptr;
     return a.cache + (row / a.cache_block_size) * a.cache_block_stride + (row % a.cache_block_size) * a.cache_row_stride;
@@ -233,18 +316,26 @@ struct Fp8Upconvert {
     return a.block_table[page.request * a.block_table_stride + page.block];
   }
 
-  KOKKOS_INLINE_FUNCTION const std::uint8_t* source_row(std::int64_t id, std::int64_t token) const {
-    if (id < 0) return nullptr;
-    if (a.host_cache == nullptr) {
-      if (id >= a.cache_blocks) return nullptr;
-      return a.cache + id * a.cache_block_stride + token * a.cache_row_stride;
+  // Token `token` of block `id`; data nullptr when the block table, the
+  // ids or the cache do not hold it.
+  KOKKOS_INLINE_FUNCTION Token source_token(std::int64_t id, std::int64_t token) const {
+    if (id < 0) return Token{nullptr, nullptr};
+    if (!Layout::host_backed || a.host_cache == nullptr) {
+      if (id >= a.cache_blocks) return Token{nullptr, nullptr};
+      const std::uint8_t* page = a.cache + id * a.cache_block_stride;
+      if constexpr (Layout::host_backed) {
+        return row_token(page + token * a.cache_row_stride);
+      } else {
+        return Token{page + token * a.cache_row_stride,
+                     page + a.cache_scale_offset + token * model1_scale_group_bytes};
+      }
     }
     const std::int64_t staged = id * a.block_size + token;
-    if (staged >= a.staged_rows) return nullptr;
-    if (a.device_row_ids[staged] >= 0) return device_row(a.device_row_ids[staged]);
+    if (staged >= a.staged_rows) return Token{nullptr, nullptr};
+    if (a.device_row_ids[staged] >= 0) return row_token(device_row(a.device_row_ids[staged]));
     const std::int64_t host_row = a.host_row_ids[staged];
-    if (host_row < 0 || host_row >= a.host_rows) return nullptr;
-    return a.host_cache + host_row * a.host_row_stride;
+    if (host_row < 0 || host_row >= a.host_rows) return Token{nullptr, nullptr};
+    return row_token(a.host_cache + host_row * a.host_row_stride);
   }
 
   // 8 fp8 bytes (2 little-endian words) to 8 bf16 (4 words, two per word):
@@ -287,34 +378,32 @@ struct Fp8Upconvert {
   }
 
   // One unit of a source row, loaded: two pieces of 8 fp8 values and their
-  // two scales (k < 32), or 16 RoPE bytes.
+  // two scales (k < nope_units), or 16 RoPE bytes.
   struct Loaded {
     std::uint32_t in[4];
     std::uint32_t scale_bits[2];
   };
 
-  KOKKOS_INLINE_FUNCTION void load_unit(const std::uint8_t* src, int k, Loaded& l) const {
-    if (k < fp8::nope_units) {
-      fp8::load8<Vector, fetch>(src + 8 * k, l.in);
-      fp8::load8<Vector, fetch>(src + fp8::half_values + 8 * k, l.in + 2);
-      const std::uint8_t* scales = src + fp8_scales_offset + 4 * (k / fp8::units_per_scale);
-      l.scale_bits[0] = fp8::load4<Vector, fetch>(scales);
-      l.scale_bits[1] = fp8::load4<Vector, fetch>(scales + 4 * (fp8::half_values / 128));
+  KOKKOS_INLINE_FUNCTION void load_unit(const Token& src, int k, Loaded& l) const {
+    if (k < nope_units) {
+      fp8::load8<Vector, fetch>(src.data + 8 * k, l.in);
+      fp8::load8<Vector, fetch>(src.data + Layout::half_values + 8 * k, l.in + 2);
+      Layout::template scale_bits<Vector, fetch>(src.scales, k, l.scale_bits);
     } else {
-      fp8::load16<Vector, fetch>(src + fp8_rope_offset + 16 * (k - fp8::nope_units), l.in);
+      fp8::load16<Vector, fetch>(src.data + Layout::rope_offset + 16 * (k - nope_units), l.in);
     }
   }
 
   KOKKOS_INLINE_FUNCTION void store_unit(const Loaded& l, std::uint16_t* dst_row, int k) const {
     auto* out = reinterpret_cast<std::uint8_t*>(dst_row);
-    if (k < fp8::nope_units) {
+    if (k < nope_units) {
       std::uint32_t converted[8];
       upconvert8(l.in, device::from_bits(l.scale_bits[0]), converted);
       upconvert8(l.in + 2, device::from_bits(l.scale_bits[1]), converted + 4);
       device::store16<Vector, streaming>(out + 16 * k, converted);
-      device::store16<Vector, streaming>(out + 2 * fp8::half_values + 16 * k, converted + 4);
+      device::store16<Vector, streaming>(out + 2 * Layout::half_values + 16 * k, converted + 4);
     } else {
-      device::store16<Vector, streaming>(out + 2 * fp8_nope_values + 16 * (k - fp8::nope_units), l.in);
+      device::store16<Vector, streaming>(out + 4 * Layout::half_values + 16 * (k - nope_units), l.in);
     }
   }
 
@@ -322,20 +411,22 @@ struct Fp8Upconvert {
   // the row has no source or no output.
   KOKKOS_INLINE_FUNCTION std::uint16_t* load(const Page& page, std::int64_t id, std::int32_t first, std::int32_t u,
                                              Loaded& l) const {
-    const std::int32_t i = first + u / fp8::units_per_row;  // 32-bit: a constant divisor is a multiply
+    const std::int32_t i = first + u / units_per_row;  // 32-bit: a constant divisor is a multiply
     const std::int64_t output = page.first_output + i;
-    const std::uint8_t* src = source_row(id, page.first_token + i);
-    if (output < 0 || src == nullptr) return nullptr;
-    load_unit(src, u % fp8::units_per_row, l);
-    return a.dst + output * a.dst_row_stride;
+    const Token src = source_token(id, page.first_token + i);
+    if (output < 0 || src.data == nullptr) return nullptr;
+    load_unit(src, u % units_per_row, l);
+    std::uint16_t* slice = a.dst;
+    if constexpr (Requests == Gather::positions) slice += page.request * a.dst_request_stride;
+    return slice + output * a.dst_row_stride;
   }
 
-  // A team converts `rows_per_task` rows of one page, 40 units per row.
-  // Team thread `lane` takes units lane, lane + lanes, ..., two at a time:
-  // both loads go out before either store (the stores may alias the cache,
-  // so the compiler would not hoist the second load over the first store).
-  // Two named slots, not an array indexed in a loop, which nvcc put in
-  // local memory (seen in the PTX).
+  // A team converts `rows_per_task` rows of one page, units_per_row units
+  // per row. Team thread `lane` takes units lane, lane + lanes, ..., two at
+  // a time: both loads go out before either store (the stores may alias the
+  // cache, so the compiler would not hoist the second load over the first
+  // store). Two named slots, not an array indexed in a loop, which nvcc put
+  // in local memory (seen in the PTX).
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
     // Lane groups (device::group_lanes > 1) look a page up together: the
     // GPU teams of this kernel are whole groups, so rank & 31 is the lane.
@@ -356,7 +447,7 @@ struct Fp8Upconvert {
     if (first >= page_rows) return;
     const std::int32_t rows = page_rows - first < rows_per_task ? page_rows - first : rows_per_task;
     const std::int64_t id = block_id(page);
-    const std::int32_t units = rows * fp8::units_per_row;
+    const std::int32_t units = rows * units_per_row;
     const std::int32_t lanes = team.team_size();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lanes), [&](const std::int32_t lane) {
       for (std::int32_t u0 = lane; u0 < units; u0 += 2 * lanes) {
@@ -364,32 +455,44 @@ struct Fp8Upconvert {
         Loaded l0{}, l1{};
         std::uint16_t* d0 = load(page, id, first, u0, l0);
         std::uint16_t* d1 = u1 < units ? load(page, id, first, u1, l1) : nullptr;
-        if (d0 != nullptr) store_unit(l0, d0, u0 % fp8::units_per_row);
-        if (d1 != nullptr) store_unit(l1, d1, u1 % fp8::units_per_row);
+        if (d0 != nullptr) store_unit(l0, d0, u0 % units_per_row);
+        if (d1 != nullptr) store_unit(l1, d1, u1 % units_per_row);
       }
     });
   }
 };
 
-template <class Space>
-void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
-  if (a.total_rows == 0 || a.batch == 0) return;
+// One launch of Fp8Upconvert for a layout and a way of naming requests.
+template <class Space, class Layout, Gather Requests>
+void launch_upconvert(const Space& space, const Fp8UpconvertArgs& a) {
+  // The output rows a request may fill, the page tasks that cover them, and
+  // the rows a page holds at most.
+  const bool workspace = Requests == Gather::workspace;
+  const std::int64_t request_rows = workspace ? a.total_rows : std::int64_t{a.request_rows} - a.first_output;
+  if (request_rows <= 0 || a.batch == 0) return;
+  const std::int64_t output_rows = workspace ? request_rows : request_rows * a.batch;
+  // The reference's grid for a workspace gather: every request adds at most
+  // two partial pages. A request of W rows spans at most ceil(W / bs) + 1
+  // pages.
+  const std::int64_t tasks = workspace ? (request_rows + a.block_size - 1) / a.block_size + 2 * std::int64_t{a.batch}
+                                       : ((request_rows + a.block_size - 1) / a.block_size + 1) * a.batch;
   const bool vector = aligned16(a.cache) && a.cache_block_stride % 16 == 0 && a.cache_row_stride % 16 == 0 &&
-                      aligned16(a.dst) && (a.dst_row_stride * 2) % 16 == 0 &&
+                      a.cache_scale_offset % 16 == 0 && aligned16(a.dst) && (a.dst_row_stride * 2) % 16 == 0 &&
+                      (a.dst_request_stride * 2) % 16 == 0 &&
                       (a.host_cache == nullptr || (aligned16(a.host_cache) && a.host_row_stride % 16 == 0));
-  // The reference's grid: every request adds at most two partial pages.
-  const std::int64_t tasks = (std::int64_t{a.total_rows} + a.block_size - 1) / a.block_size + 2 * std::int64_t{a.batch};
-  // GPUs (team shapes measured on the H200, 8 requests, block size 64;
-  // docs/PERFORMANCE.md): with few pages a team per 8 rows of a page (320
-  // threads, one unit each) fills the device better than a team per page.
-  // With many pages a team of 160 threads per 16 rows of a page, four units
-  // a thread (two full rounds of two), ahead of 320 threads per 32 rows, of
-  // 512 threads per page (as the reference launches it) and of one round a
-  // thread.
+  // GPUs (team shapes measured on the H200 with fp8_ds_mla rows, 8
+  // requests, block size 64; docs/PERFORMANCE.md): with few pages a team
+  // per 8 rows of a page (one unit a thread) fills the device better than a
+  // team per page. With many pages a team per 16 rows of a page, four units
+  // a thread (two full rounds of two; 160 threads for fp8_ds_mla's 640
+  // units, model1_fp8's 576 take the same teams), ahead of 320 threads per
+  // 32 rows, of 512 threads per page (as the reference launches it) and of
+  // one round a thread; pages of fewer rows take teams as small as whole
+  // lane groups allow.
   // CPUs: a team (of one) per page. A page holds at most min(block_size,
-  // total_rows) rows; where a launch's teams would not fit in an int, a page
-  // takes a team.
-  const std::int64_t page_rows = std::min<std::int64_t>(a.block_size, a.total_rows);
+  // request_rows) rows; where a launch's teams would not fit in an int, a
+  // page takes a team.
+  const std::int64_t page_rows = std::min<std::int64_t>(a.block_size, request_rows);
   auto fits = [&](std::int64_t rows) { return tasks * ((page_rows + rows - 1) / rows) <= 0x7FFFFFFF; };
   const std::int32_t small_task_rows = a.block_size < 8 ? a.block_size : 8;
   const std::int32_t large_task_rows = a.block_size < 16 ? a.block_size : 16;
@@ -397,7 +500,12 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
   const bool split_pages = !is_host_space<Space> && !few_pages && fits(large_task_rows);
   const std::int32_t rows_per_task = few_pages ? small_task_rows : split_pages ? large_task_rows : a.block_size;
   const std::int64_t chunks = (page_rows + rows_per_task - 1) / rows_per_task;
-  const int team = row_team_size<Space>(few_pages ? (rows_per_task * fp8::units_per_row + 31) / 32 * 32 : 160);
+  constexpr int many_pages_threads = 160;
+  const std::int64_t task_units = std::int64_t{rows_per_task} * Layout::units_per_row;
+  const auto whole_groups = [](std::int64_t threads) { return static_cast<int>((threads + 31) / 32 * 32); };
+  const int team = row_team_size<Space>(
+      few_pages ? whole_groups(task_units)
+                : static_cast<int>(std::min<std::int64_t>(many_pages_threads, whole_groups((task_units + 3) / 4))));
   const int teams = static_cast<int>(tasks * chunks);
   using Shape = UpconvertShape;
   auto launch = [&](const auto& policy, auto shape) {
@@ -409,10 +517,12 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
       const auto chunks32 = static_cast<std::int32_t>(chunks);
       if (vector) {
         Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
-                             Fp8Upconvert<Space, true, Split, vector_shape>{rows_per_task, chunks32, split, a});
+                             Fp8Upconvert<Space, Layout, Requests, true, Split, vector_shape>{rows_per_task, chunks32,
+                                                                                               split, a});
       } else {
         Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
-                             Fp8Upconvert<Space, false, Split, scalar_shape>{rows_per_task, chunks32, split, a});
+                             Fp8Upconvert<Space, Layout, Requests, false, Split, scalar_shape>{rows_per_task, chunks32,
+                                                                                                split, a});
       }
     });
   };
@@ -424,13 +534,29 @@ void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
     // Eight 160-thread teams an SM, which the compiler fits without spills
     // (ten teams an SM spill). Outputs several times the size of a GPU's L2
     // (Hopper's is 50 MB) are stored streaming.
-    const Kokkos::TeamPolicy<Space, MeasuredLaunchBounds<Space, 160, 8>> policy(space, teams, team);
+    const Kokkos::TeamPolicy<Space, MeasuredLaunchBounds<Space, many_pages_threads, 8>> policy(space, teams, team);
     constexpr std::int64_t streaming_output_bytes = std::int64_t{256} << 20;
-    if (std::int64_t{a.total_rows} * 2 * upconverted_row_width > streaming_output_bytes) {
+    if (output_rows * 2 * Layout::out_width > streaming_output_bytes) {
       launch(policy, std::integral_constant<Shape, Shape::many_pages_streaming>{});
     } else {
       launch(policy, std::integral_constant<Shape, Shape::many_pages>{});
     }
+  }
+}
+
+template <class Space>
+void gather_upconvert_fp8(const Space& space, const Fp8UpconvertArgs& a) {
+  const bool positions = a.seq_lens != nullptr;
+  if (a.kv_format == KvFormat::model1_fp8) {
+    if (positions) {
+      launch_upconvert<Space, fp8::Model1Pages, Gather::positions>(space, a);
+    } else {
+      launch_upconvert<Space, fp8::Model1Pages, Gather::workspace>(space, a);
+    }
+  } else if (positions) {
+    launch_upconvert<Space, fp8::DsMlaRows, Gather::positions>(space, a);
+  } else {
+    launch_upconvert<Space, fp8::DsMlaRows, Gather::workspace>(space, a);
   }
 }
 

@@ -56,40 +56,59 @@ struct TopkConvertArgs {
   bool dcp_compact;
 };
 
-// SPEC section 3. Request r (< batch) fills output rows
-// [min(ws[r], T), min(ws[r+1] or T, T)) with T = total_rows; its i-th row is
-// source token s = seq_starts[r] + i (or i), found through
-// block_table[r, s / block_size] and s % block_size. Element e < 512 of an
-// output row is bf16_rne(float(fp8[e]) * scale[e / 128]), elements 512..575
-// copy the RoPE part. A row whose source is invalid (block past the table,
-// block id or row id outside its cache, negative position) is not written.
+// SPEC section 3, in a cache of either format (kv_format; the kernel's
+// Layout). Requests r < batch name their tokens one of two ways:
+// - workspace (seq_lens == nullptr): request r fills output rows
+//   [min(ws[r], T), min(ws[r+1] or T, T)) with T = total_rows; its i-th row
+//   is source token s = seq_starts[r] + i (or i);
+// - positions (seq_lens != nullptr): with g = gather_lens[r] (or
+//   seq_lens[r]), request r fills rows first_output + i of its output slice
+//   (dst + r * dst_request_stride), i < min(g, request_rows - first_output),
+//   from source token s = seq_lens[r] - g + i.
+// Token s is found through block_table[r, s / block_size] and
+// s % block_size. An output row is the token's fp8 values times their
+// scales, each product rounded to bf16, then a copy of its RoPE part. A row
+// whose source is invalid (block past the table, block id or row id outside
+// its cache, negative position) is not written.
 struct Fp8UpconvertArgs {
   // Fields in the order the kernel reads them (a team's page, its block,
   // its rows, its outputs): they reach the kernel through the constant
   // cache, where what is read first should share the first lines.
   const std::int32_t* workspace_starts;  // [batch]
   const std::int32_t* seq_starts;        // [batch], or nullptr
+  const std::int32_t* seq_lens;          // [batch]: a position-range gather; nullptr: a workspace gather
+  const std::int32_t* gather_lens;       // [batch], or nullptr (every token of each request)
   std::int32_t batch;
   std::int32_t total_rows;
+  std::int32_t first_output;  // positions: the slice row of a request's first gathered token
+  std::int32_t request_rows;  // positions: rows of a request's output slice
   std::int32_t block_size;  // of the block table's pages
   std::int32_t blocks_per_request;
   const std::int32_t* block_table;  // [>= batch, blocks_per_request], row stride block_table_stride
   std::int64_t block_table_stride;
-  // Host-backed variant (host_cache != nullptr): block_table holds staged
-  // blocks; staged row n = block_table[r, s / block_size] * block_size +
-  // s % block_size reads device cache row device_row_ids[n] when that is
-  // >= 0 (flat: row / cache_block_size, row % cache_block_size), otherwise
-  // host_cache row host_row_ids[n], straight from pinned host memory.
+  // Host-backed variant (host_cache != nullptr; fp8_ds_mla only):
+  // block_table holds staged blocks; staged row n = block_table[r, s /
+  // block_size] * block_size + s % block_size reads device cache row
+  // device_row_ids[n] when that is >= 0 (flat: row / cache_block_size, row %
+  // cache_block_size), otherwise host_cache row host_row_ids[n], straight
+  // from pinned host memory.
   const std::uint8_t* host_cache;  // [host_rows, 656], row stride host_row_stride bytes; or nullptr
-  // The device cache [cache_blocks, cache_block_size, 656], strides in bytes.
+  // The device cache, cache_blocks pages of cache_block_size tokens,
+  // cache_block_stride bytes apart. fp8_ds_mla: token t's 656-byte row at
+  // t * cache_row_stride. model1_fp8: token t's 576 data bytes at t *
+  // cache_row_stride (576), its scale group at cache_scale_offset (576 *
+  // cache_block_size) + 8 t.
   const std::uint8_t* cache;
   std::int64_t cache_block_stride;
   std::int64_t cache_row_stride;
+  std::int64_t cache_scale_offset;
   std::int64_t cache_blocks;
   std::int32_t cache_block_size;
+  KvFormat kv_format;
   Fp8Format format;
-  std::uint16_t* dst;  // bf16 [total_rows, 576], row stride dst_row_stride elements
+  std::uint16_t* dst;  // bf16 rows of upconverted_width(kv_format), row stride dst_row_stride elements
   std::int64_t dst_row_stride;
+  std::int64_t dst_request_stride;  // positions: elements between requests' output slices
   // The rest of the host-backed variant.
   std::int64_t host_row_stride;
   std::int64_t host_rows;

@@ -17,4 +17,19 @@ bool parse_fp8_format(const std::string& name, Fp8Format& out) {
   return true;
 }
 
+const char* kv_format_name(KvFormat format) {
+  return format == KvFormat::model1_fp8 ? "model1_fp8" : "fp8_ds_mla";
+}
+
+bool parse_kv_format(const std::string& name, KvFormat& out) {
+  if (name == "fp8_ds_mla") {
+    out = KvFormat::fp8_ds_mla;
+  } else if (name == "model1_fp8") {
+    out = KvFormat::model1_fp8;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 }  // namespace sparse_mla
