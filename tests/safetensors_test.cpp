@@ -56,7 +56,7 @@ const std::vector<std::string> kGoldenStems = {
     "c1_convert_tiny_edges", "c3_convert_tiled_k384_bs16", "c5_convert_bs1",
     "d1_convert_dcp_small",  "d3_convert_dcp_gaps",
     "u1_upconvert_small",    "u3_upconvert_seq_starts",    "u4_upconvert_bs1",
-    "h1_hisparse_6steps"};
+    "h1_hisparse_6steps",    "v4a_gather_small",           "v4b_gather_bs2"};
 
 std::vector<std::uint8_t> slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -251,8 +251,9 @@ TEST(SafetensorsRoundTrip, WriteErrorsNameThePath) {
 
 // ---------------------------------------------------------------- golden files
 
-TEST(SafetensorsGolden, ReadsAllNineFiles) {
-  const std::set<std::string> kinds = {"topk_convert", "topk_convert_dcp", "fp8_gather_upconvert", "hisparse_sequence"};
+TEST(SafetensorsGolden, ReadsEveryShippedFile) {
+  const std::set<std::string> kinds = {"topk_convert", "topk_convert_dcp", "fp8_gather_upconvert", "hisparse_sequence",
+                                       "v4_dequant_gather"};
   for (const std::string& stem : kGoldenStems) {
     SCOPED_TRACE(stem);
     const std::string path = golden(stem);

@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     auto file = std::make_shared<const SafetensorsFile>(SafetensorsFile::parse(data, size, "fuzz"));
     const validation::PreparedCase prepared = validation::prepare_golden_file(file);
     if (size > run_limit) return 0;
-    const validation::ValidateContext context{*host, std::nullopt};
+    const validation::ValidateContext context{*host, std::nullopt, std::nullopt};
     (void)prepared(context);
   } catch (const Error&) {
   }

@@ -40,6 +40,7 @@ struct CaseResult {
 struct ValidateContext {
   Device& device;
   std::optional<Fp8Format> fp8_format;  // --fp8-format; unset: each file's own
+  std::optional<KvFormat> kv_format;    // --kv-format; unset: each file's own
 };
 
 using PreparedCase = std::function<CaseResult(const ValidateContext&)>;

@@ -14,6 +14,7 @@ const std::map<std::string, GoldenHandler>& golden_handlers() {
       {"topk_convert", prepare_topk_convert},
       {"topk_convert_dcp", prepare_topk_convert_dcp},
       {"fp8_gather_upconvert", prepare_fp8_gather_upconvert},
+      {"v4_dequant_gather", prepare_v4_dequant_gather},
       {"hisparse_sequence", prepare_hisparse_sequence},
   };
   return handlers;

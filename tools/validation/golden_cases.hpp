@@ -18,6 +18,7 @@ namespace sparse_mla::validation {
 PreparedCase prepare_topk_convert(std::shared_ptr<const SafetensorsFile> file);
 PreparedCase prepare_topk_convert_dcp(std::shared_ptr<const SafetensorsFile> file);
 PreparedCase prepare_fp8_gather_upconvert(std::shared_ptr<const SafetensorsFile> file);
+PreparedCase prepare_v4_dequant_gather(std::shared_ptr<const SafetensorsFile> file);
 PreparedCase prepare_hisparse_sequence(std::shared_ptr<const SafetensorsFile> file);
 
 }  // namespace sparse_mla::validation

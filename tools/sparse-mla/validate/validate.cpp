@@ -23,6 +23,7 @@ struct ValidateOptions {
   std::string backend = "host";
   bool json = false;
   std::string fp8_format;  // "" = each file's own
+  std::string kv_format;   // "" = each file's own
   std::vector<CaseSource> sources;
   SyntheticOptions synthetic;  // --synthetic: synthetic.hpp
 };
@@ -62,6 +63,7 @@ void print_json(const ValidateOptions& o, const Device& device, const std::vecto
   doc["backend"] = o.backend;
   doc["execution_space"] = device.execution_space();
   doc["fp8_format"] = o.fp8_format.empty() ? "per file" : o.fp8_format;
+  doc["kv_format"] = o.kv_format.empty() ? "per file" : o.kv_format;
   doc["cases"] = cases;
   if (!synthetic.is_null()) {
     doc["synthetic"] = synthetic;
@@ -87,6 +89,13 @@ std::optional<Fp8Format> chosen_format(const ValidateOptions& o) {
   return format;
 }
 
+std::optional<KvFormat> chosen_kv_format(const ValidateOptions& o) {
+  if (o.kv_format.empty()) return std::nullopt;
+  KvFormat format{};
+  if (!parse_kv_format(o.kv_format, format)) fail("validate", "unknown --kv-format '", o.kv_format, "'");
+  return format;
+}
+
 int run_validate(const ValidateOptions& o) {
   if (!o.synthetic.dump_dir.empty() && !o.synthetic.enabled) {
     fail("validate", "--dump writes the synthetic schedule's cases; it needs --synthetic");
@@ -98,7 +107,7 @@ int run_validate(const ValidateOptions& o) {
   // --synthetic alone prints its own report.
   if (prepared.empty()) return run_synthetic(o.backend, o.json, o.synthetic, std::cout);
   auto device = open_device(o.backend);
-  const ValidateContext context{*device, chosen_format(o)};
+  const ValidateContext context{*device, chosen_format(o), chosen_kv_format(o)};
   std::vector<CaseResult> results;
   bool ok = true;
   for (const PreparedCase& c : prepared) {
@@ -128,6 +137,10 @@ void add_validate(CLI::App& app, Commands& commands) {
   validate->add_flag("--json", options->json, "print one JSON object");
   validate->add_option("--fp8-format", options->fp8_format, "fp8 encoding of the caches (default: each file's own)")
       ->check(CLI::IsMember({"e4m3fn", "e4m3fnuz"}));
+  validate->add_option("--kv-format", options->kv_format,
+                       "cache format the gather-upconvert files must hold, fp8_ds_mla or model1_fp8 (default: each "
+                       "file's own; a file of the other format is refused)")
+      ->check(CLI::IsMember({"fp8_ds_mla", "model1_fp8"}));
   add_synthetic_options(*validate, options->synthetic);
   // The options own their sources: a source refers back to them by plain
   // pointer (a shared_ptr here would be a cycle, never freed).
