@@ -65,11 +65,14 @@ void cp_gather_and_upconvert_fp8_kv_cache(const py::object& src_cache, const py:
                                           std::int64_t batch_size, const py::object& seq_starts,
                                           const py::object& host_cache, const py::object& host_row_ids,
                                           const py::object& device_row_ids, std::int64_t block_size,
-                                          const std::string& fp8_format, const py::object& stream,
-                                          const py::object& device) {
+                                          const std::string& fp8_format, const std::string& kv_format,
+                                          const py::object& stream, const py::object& device) {
   Fp8GatherParams params;
   if (!parse_fp8_format(fp8_format, params.format)) {
     fail("cp_gather_and_upconvert_fp8_kv_cache", "unknown fp8_format '", fp8_format, "' (e4m3fn, e4m3fnuz)");
+  }
+  if (!parse_kv_format(kv_format, params.kv_format)) {
+    fail("cp_gather_and_upconvert_fp8_kv_cache", "unknown kv_format '", kv_format, "' (fp8_ds_mla, model1_fp8)");
   }
   const std::shared_ptr<DeviceHandle> dev = call_device(device, stream, {src_cache, dst});
   const CallStream call = resolve_stream(dev, stream);
@@ -183,10 +186,12 @@ through its rank-local table (section 2a; triton_filter_and_convert_dcp_index, c
         py::arg("dst"), py::arg("block_table"), py::arg("workspace_starts"), py::arg("batch_size"), py::kw_only(),
         py::arg("seq_starts") = py::none(), py::arg("host_cache") = py::none(), py::arg("host_row_ids") = py::none(),
         py::arg("device_row_ids") = py::none(), py::arg("block_size") = 0, py::arg("fp8_format") = "e4m3fn",
-        py::arg("stream") = py::none(), py::arg("device") = py::none(),
+        py::arg("kv_format") = "fp8_ds_mla", py::arg("stream") = py::none(), py::arg("device") = py::none(),
         R"(Paged fp8_ds_mla rows (uint8 [blocks, block_size, 656]) gathered and upconverted into dst (bf16
 [TOT, 576]; NumPy: sparse_mla.from_dlpack(uint16_array, dtype='bfloat16')), SPEC section 3. The host-backed
-variant takes host_cache (pinned_host memory), host_row_ids and device_row_ids.)");
+variant takes host_cache (pinned_host memory), host_row_ids and device_row_ids. kv_format='model1_fp8' reads
+DeepSeek V4's pages instead (uint8 [blocks, B, 584] with padded pages, or [blocks, bytes] with block_size=B)
+into dst bf16 [TOT, 512].)");
   m.def("build_hisparse_prefill_staging_plan", &build_hisparse_prefill_staging_plan_py, py::arg("block_table"),
         py::arg("context_lengths"), py::kw_only(), py::arg("block_size"), py::arg("resident_block_table") = py::none(),
         py::arg("resident_null_block") = 0, py::arg("device") = py::none(), py::arg("stream") = py::none(),

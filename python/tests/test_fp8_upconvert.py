@@ -94,6 +94,12 @@ def rejections(arrays):
     def bad_format(a):
         a["fp8_format"] = "e5m2"
 
+    def bad_kv_format(a):
+        a["kv_format"] = "fp8_ds_mla_v4"
+
+    def rows_read_as_pages(a):
+        a["kv_format"] = "model1_fp8"
+
     return {
         "dst int16": (TypeError, "dst has dtype I16, expected BF16", dst_int16),
         "dst uint16 bits": (TypeError, "dst has dtype uint16, which no sparse_mla operation takes", dst_uint16),
@@ -101,20 +107,24 @@ def rejections(arrays):
         "batch past the table": (ValueError, "block_table has shape", too_few_table_rows),
         "wrong device": (ValueError, "workspace_starts " + arrays.foreign_message, wrong_device),
         "unknown format": (ValueError, "unknown fp8_format 'e5m2'", bad_format),
+        "unknown kv format": (ValueError, "unknown kv_format 'fp8_ds_mla_v4'", bad_kv_format),
+        "rows read as model1_fp8 pages": (ValueError, "bytes per model1_fp8 token", rows_read_as_pages),
     }
 
 
 @pytest.mark.parametrize("name", ["dst int16", pytest.param("dst uint16 bits", marks=host_only), "rows of 640 bytes",
-                                  "batch past the table", "wrong device", "unknown format"])
+                                  "batch past the table", "wrong device", "unknown format", "unknown kv format",
+                                  "rows read as model1_fp8 pages"])
 def test_a_rejected_gather_raises_with_the_library_message_and_writes_nothing(arrays, rng, name):
     error, message, breaks = rejections(arrays)[name]
     cache = arrays(random_paged_cache(rng, num_blocks=4, block_size=16))
     bits = arrays.poisoned((20, 576), np.uint16, BF16_POISON)
     args = dict(src_cache=cache, bits=bits, dst=arrays.bf16(bits), block_table=arrays(np.array([[0, 1], [2, 3]], np.int32)),
-                workspace_starts=arrays(np.array([0, 10], np.int32)), batch_size=2, fp8_format="e4m3fn")
+                workspace_starts=arrays(np.array([0, 10], np.int32)), batch_size=2, fp8_format="e4m3fn",
+                kv_format="fp8_ds_mla")
     breaks(args)
     with pytest.raises(error, match=message):
         sparse_mla.cp_gather_and_upconvert_fp8_kv_cache(args["src_cache"], args["dst"], args["block_table"],
                                                         args["workspace_starts"], args["batch_size"],
-                                                        fp8_format=args["fp8_format"])
+                                                        fp8_format=args["fp8_format"], kv_format=args["kv_format"])
     assert (arrays.bits(bits) == BF16_POISON).all()

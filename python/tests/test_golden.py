@@ -1,6 +1,6 @@
 """The golden files (tests/data/golden, produced by the reference engine's own
 kernels on an H200) through the module, bit for bit: the conversions and the
-gather-upconvert as plain operations and through groups, and the six HiSparse
+gather-upconvert as plain operations (DeepSeek V4's pages too) and through groups, and the six HiSparse
 steps of h1 through a HiSparse group."""
 
 import numpy as np
@@ -13,6 +13,7 @@ from support import POISON, metadata
 TOPK_CASES = ["c1_convert_tiny_edges", "c3_convert_tiled_k384_bs16", "c5_convert_bs1"]
 DCP_CASES = ["d1_convert_dcp_small", "d3_convert_dcp_gaps"]
 FP8_CASES = ["u1_upconvert_small", "u3_upconvert_seq_starts", "u4_upconvert_bs1"]
+V4_CASES = ["v4a_gather_small", "v4b_gather_bs2"]
 
 
 @pytest.mark.parametrize("stem", TOPK_CASES)
@@ -74,6 +75,23 @@ def test_fp8_golden_cases_upconvert_exactly_through_a_plain_group(arrays, stem):
     assert group.gather_fp8_prefill(layer, arrays(t["src_cache"]), arrays.bf16(dst), arrays(t["block_table"]),
                                     arrays(t["workspace_starts"]), meta["batch_size"], metadata(), 0) is None
     np.testing.assert_array_equal(arrays.bits(dst), t["dst"])
+
+
+@pytest.mark.parametrize("stem", V4_CASES)
+def test_v4_golden_cases_upconvert_exactly_as_a_workspace_gather(arrays, stem):
+    """Each request's last gather_lens tokens (from seq_starts = seq_lens - gather_lens) into consecutive rows of
+    dst give the rows the file's position-range gather wrote."""
+    t, meta = read_case(stem)
+    seq_lens, gather_lens = t["seq_lens"], t["gather_lens"]
+    starts = np.concatenate([[0], np.cumsum(gather_lens)[:-1]]).astype(np.int32)
+    dst = arrays.poisoned((int(gather_lens.sum()), 512), np.uint16, 0xDEAD)
+    sparse_mla.cp_gather_and_upconvert_fp8_kv_cache(
+        arrays(t["k_cache"]), arrays.bf16(dst), arrays(t["block_table"]), arrays(starts), len(seq_lens),
+        seq_starts=arrays((seq_lens - gather_lens).astype(np.int32)), block_size=meta["block_size"],
+        kv_format="model1_fp8")
+    offset = meta["offset"]
+    want = np.concatenate([t["out"][r, offset:offset + g] for r, g in enumerate(gather_lens)])
+    np.testing.assert_array_equal(arrays.bits(dst), want)
 
 
 # state: the slot state the group keeps, with its slot map ("group") or without
