@@ -238,6 +238,11 @@ TEST_P(HiSparseGroupTest, MultiLayerGroupsResolveOnceAndEveryLayerGetsItsOwnRows
     HiSparseMLAIndexGroup& g = e.group(l);
     EXPECT_EQ(g.resolves(), std::uint64_t(steps)) << "one resolve per group per step";
     EXPECT_EQ(g.gathers(), std::uint64_t(steps) * std::uint64_t(g.num_layers()));
+    // The first layer's gather alone, then one launch for each run of later
+    // layers of one row size (these groups have fewer than eight layers).
+    std::uint64_t launches = 1;
+    for (int i = 1; i < g.num_layers(); ++i) launches += i == 1 || g.cache(i).row_bytes() != g.cache(i - 1).row_bytes();
+    EXPECT_EQ(g.gather_launches(), std::uint64_t(steps) * launches);
     const HiSparseCounters counters = g.counters();
     EXPECT_EQ(counters.hits, hits);
     EXPECT_EQ(counters.misses, misses);

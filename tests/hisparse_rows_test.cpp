@@ -235,5 +235,93 @@ TEST_P(HiSparseRowsTest, StagingReadsResidentRowsFromTheDeviceAndTheRestFromTheH
   }
 }
 
+// The layers' copy of one swap list: pair j < count of row r copies host row
+// swap_host[r, j] of each layer's own pool into hot row swap_device[r, j] of
+// its own cache (a host row past the pool zero-fills, a negative one or a hot
+// row past the cache is skipped), in as many launches as runs of up to eight
+// layers of one geometry.
+struct GatherLayer {
+  std::vector<std::uint8_t> pool, cache;
+  DeviceTensor pool_t, cache_t;
+};
+
+TEST_P(HiSparseRowsTest, AGatherOfSeveralLayersFillsEachFromItsOwnPool) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(24);
+  auto stream = device->create_stream();
+  const std::int64_t row_bytes = 96, host_rows = 50, rows = 3, K = 12;
+  const std::int32_t blocks = 4, block_size = 8;  // 32 hot rows
+  // Eleven layers; layer 5's cache has one block more, so it runs alone:
+  // layers 0-4, 5, 6-10 (launches: 1 + 1 + 1).
+  std::vector<GatherLayer> layers(11);
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const std::int32_t b = l == 5 ? blocks + 1 : blocks;
+    layers[l].pool = random_bytes(std::size_t(host_rows * row_bytes), rng);
+    layers[l].cache.assign(std::size_t(b * block_size * row_bytes), 0xEE);
+    layers[l].pool_t = device_tensor(*device, *stream, layers[l].pool, {host_rows, row_bytes}, MemoryKind::pinned_host);
+    layers[l].cache_t = device_tensor(*device, *stream, layers[l].cache, {b, block_size, row_bytes});
+  }
+  std::vector<std::int32_t> host(std::size_t(rows * K)), hot(std::size_t(rows * K));
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    const std::uint64_t kind = rng() % 10;
+    host[i] = kind == 0 ? -1 : kind == 1 ? static_cast<std::int32_t>(host_rows + rng() % 5) : static_cast<std::int32_t>(rng() % host_rows);
+    hot[i] = kind == 2 ? static_cast<std::int32_t>(blocks * block_size + rng() % 3) : static_cast<std::int32_t>(i % (blocks * block_size));
+  }
+  const std::vector<std::int32_t> counts{7, K + 5, -2};  // clamped to K; a negative count copies nothing
+  const auto host_t = device_tensor(*device, *stream, host, {rows, K});
+  const auto hot_t = device_tensor(*device, *stream, hot, {rows, K});
+  const auto counts_t = device_tensor(*device, *stream, counts, {rows});
+  std::vector<HiSparseLayerRows> views;
+  for (const GatherLayer& l : layers) views.push_back({l.pool_t.tensor, l.cache_t.tensor});
+  EXPECT_EQ(gather_hisparse_layers(*stream, views, host_t.tensor, hot_t.tensor, counts_t.tensor, rows), 3);
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    std::vector<std::uint8_t> want = layers[l].cache;
+    const std::int64_t hot_rows = std::int64_t(want.size()) / row_bytes;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t j = 0; j < std::clamp<std::int64_t>(counts[std::size_t(r)], 0, K); ++j) {
+        const std::int32_t g = host[std::size_t(r * K + j)], x = hot[std::size_t(r * K + j)];
+        if (g < 0 || x < 0 || x >= hot_rows) continue;
+        auto dst = want.begin() + x * row_bytes;
+        if (g >= host_rows) {
+          std::fill(dst, dst + row_bytes, 0);
+        } else {
+          std::copy(layers[l].pool.begin() + g * row_bytes, layers[l].pool.begin() + (g + 1) * row_bytes, dst);
+        }
+      }
+    }
+    EXPECT_EQ(download<std::uint8_t>(*device, *stream, layers[l].cache_t.buffer, want.size()), want) << "layer " << l;
+  }
+}
+
+TEST_P(HiSparseRowsTest, AGatherOfSeveralLayersRefusesAWrongLayerAndWritesNothing) {
+  SCOPED_TRACE(seed_trace());
+  auto rng = seeded_rng(25);
+  auto stream = device->create_stream();
+  const std::int64_t row_bytes = 64, host_rows = 20;
+  std::vector<GatherLayer> layers(3);
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const std::int64_t bytes = l == 2 ? row_bytes + 16 : row_bytes;  // layer 2's cache rows do not match its pool
+    layers[l].pool = random_bytes(std::size_t(host_rows * row_bytes), rng);
+    layers[l].cache.assign(std::size_t(2 * 4 * bytes), 0xEE);
+    layers[l].pool_t = device_tensor(*device, *stream, layers[l].pool, {host_rows, row_bytes}, MemoryKind::pinned_host);
+    layers[l].cache_t = device_tensor(*device, *stream, layers[l].cache, {2, 4, bytes});
+  }
+  const auto host_t = device_tensor(*device, *stream, std::vector<std::int32_t>{1, 2}, {1, 2});
+  const auto hot_t = device_tensor(*device, *stream, std::vector<std::int32_t>{0, 1}, {1, 2});
+  const auto counts_t = device_tensor(*device, *stream, std::vector<std::int32_t>{2}, {1});
+  std::vector<HiSparseLayerRows> views;
+  for (const GatherLayer& l : layers) views.push_back({l.pool_t.tensor, l.cache_t.tensor});
+  try {
+    gather_hisparse_layers(*stream, views, host_t.tensor, hot_t.tensor, counts_t.tensor, 1);
+    FAIL() << "a layer whose hot cache rows differ from its pool's was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layers[2].hot_cache"), std::string::npos) << e.what();
+  }
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    EXPECT_EQ(download<std::uint8_t>(*device, *stream, layers[l].cache_t.buffer, layers[l].cache.size()), layers[l].cache)
+        << "layer " << l << " was written";
+  }
+}
+
 }  // namespace
 }  // namespace sparse_mla::testing

@@ -1,6 +1,8 @@
 // HiSparse row gather (SPEC section 5): copies every swap pair of the resolve
 // from the pinned host pool into the hot cache, reading host memory directly
-// from the kernel (zero-copy over the host link) in 16-byte units.
+// from the kernel (zero-copy over the host link) in 16-byte units, for one
+// layer or for several layers of a group at once (one launch: the layers
+// after a group's first share it, since nothing waits for them apart).
 //
 // The swap counts stay on the device: the launch covers the most swaps a row
 // can have (top-k) and each team reads its row's count, so a decode step
@@ -23,8 +25,8 @@ struct HiSparseGather {
   int teams_per_row;
   int lanes;  // the policy's vector length
 
-  KOKKOS_INLINE_FUNCTION std::uint8_t* hot_row_bytes(std::int32_t x) const {
-    return a.hot_cache + (x / a.hot_block_size) * a.hot_block_stride_bytes + (x % a.hot_block_size) * a.row_bytes;
+  KOKKOS_INLINE_FUNCTION std::uint8_t* hot_row_bytes(std::int32_t layer, std::int32_t x) const {
+    return a.hot_caches[layer] + (x / a.hot_block_size) * a.hot_block_stride_bytes + (x % a.hot_block_size) * a.row_bytes;
   }
 
   // One pair's copy, by the thread's vector lanes, two 16-byte units per
@@ -52,22 +54,25 @@ struct HiSparseGather {
     std::int32_t count = a.swap_counts[row];
     count = count < 0 ? 0 : (count > a.max_swaps ? a.max_swaps : count);
     const std::int64_t units = a.row_bytes / 16;
-    // Pairs part, part + teams_per_row, ... of this row, one per team thread.
+    // Pairs part, part + teams_per_row, ... of this row, each into every
+    // layer: copy k is pair k / num_layers into layer k % num_layers, one
+    // copy per team thread.
     const std::int32_t mine = count > part ? (count - part + teams_per_row - 1) / teams_per_row : 0;
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, mine), [&](const std::int32_t k) {
-      const std::int64_t j = part + static_cast<std::int64_t>(k) * teams_per_row;
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, mine * a.num_layers), [&](const std::int32_t k) {
+      const std::int32_t layer = k % a.num_layers;
+      const std::int64_t j = part + static_cast<std::int64_t>(k / a.num_layers) * teams_per_row;
       const std::int32_t g = a.swap_host_rows[row * a.swap_stride + j];
       const std::int32_t x = a.swap_device_rows[row * a.swap_stride + j];
       if (g < 0 || x < 0 || x >= a.hot_rows) return;
-      copy_row(team, g < a.host_rows ? reinterpret_cast<const Int4*>(a.host_pool + g * a.row_bytes) : nullptr,
-               reinterpret_cast<Int4*>(hot_row_bytes(x)), units);
+      copy_row(team, g < a.host_rows ? reinterpret_cast<const Int4*>(a.host_pools[layer] + g * a.row_bytes) : nullptr,
+               reinterpret_cast<Int4*>(hot_row_bytes(layer, x)), units);
     });
   }
 };
 
 template <class Space>
 void gather_hisparse(const Space& space, const HiSparseGatherArgs& a) {
-  if (a.num_rows == 0 || a.max_swaps == 0) return;
+  if (a.num_rows == 0 || a.max_swaps == 0 || a.num_layers == 0) return;
   // GPUs: 16 pair copiers of 32 lanes (512 threads) per team. A row's pairs
   // are spread over enough teams that the whole launch has about 512 teams
   // (4 per multiprocessor), so even a single row keeps every pair's host

@@ -247,15 +247,20 @@ struct HiSparseUnionScatterArgs {
   std::int32_t top_k;
 };
 
-// Copies swap pair j < swap_counts[row] of every row: host row
-// swap_host_rows[row, j] of the pinned host pool into hot row
-// swap_device_rows[row, j] of the hot cache (read over the host link,
-// zero-copy). A host row >= host_rows zero-fills its hot row; a negative
-// host row or a hot row outside [0, hot_rows) is skipped.
+// The most layers one gather fills (HiSparseGatherArgs::layers).
+inline constexpr int max_gather_layers = 8;
+
+// Copies swap pair j < swap_counts[row] of every row into each of
+// `num_layers` layers: host row swap_host_rows[row, j] of layer l's pinned
+// host pool into hot row swap_device_rows[row, j] of its hot cache (read over
+// the host link, zero-copy). The layers share one geometry (row bytes, pool
+// rows, hot layout). A host row >= host_rows zero-fills its hot row; a
+// negative host row or a hot row outside [0, hot_rows) is skipped.
 struct HiSparseGatherArgs {
-  const std::uint8_t* host_pool;  // [host_rows, row_bytes]
+  const std::uint8_t* host_pools[max_gather_layers];  // [host_rows, row_bytes] each
+  std::uint8_t* hot_caches[max_gather_layers];  // hot row x at (x / hot_block_size) * hot_block_stride_bytes + (x % hot_block_size) * row_bytes
+  std::int32_t num_layers;
   std::int64_t host_rows;
-  std::uint8_t* hot_cache;  // hot row x at (x / hot_block_size) * hot_block_stride_bytes + (x % hot_block_size) * row_bytes
   std::int64_t hot_rows;
   std::int32_t hot_block_size;
   std::int64_t hot_block_stride_bytes;

@@ -304,17 +304,27 @@ void HiSparseMLAIndexGroup::queue_union_resolve(Stream& side, const StepCall& ca
   kernels.scatter_hisparse_union(side, s);
 }
 
-// Every layer's misses, from its host pool into its hot cache, each followed
-// by that layer's ready event.
+// Every layer's misses, from its host pool into its hot cache: the first
+// layer's gather, then its ready event (its attention can start), then one
+// gather for the later layers and their ready events. The later layers'
+// events fire together; the compute stream reaches them a layer later anyway.
 void HiSparseMLAIndexGroup::queue_layer_work(Stream& side, const StepCall& call) {
   const std::int64_t T = call.num_tokens();
-  for (const auto& layer : caches_) {
-    gather_hisparse(side, HiSparseGatherTensors{layer->host_pool(), layer->hot_cache(), swap_host_rows_.tensor().rows(0, T),
-                                                swap_device_rows_.tensor().rows(0, T), swap_counts_.tensor().rows(0, T)},
-                    T);
-    layer->ready().record(side);
-    ++gathers_;
+  const Tensor swap_host = swap_host_rows_.tensor().rows(0, T), swap_device = swap_device_rows_.tensor().rows(0, T),
+               swap_counts = swap_counts_.tensor().rows(0, T);
+  const HiSparseCacheHandle& first = *caches_.front();
+  gather_hisparse(side, HiSparseGatherTensors{first.host_pool(), first.hot_cache(), swap_host, swap_device, swap_counts}, T);
+  first.ready().record(side);
+  ++gathers_;
+  ++gather_launches_;
+  if (caches_.size() == 1) return;
+  if (later_layers_.size() != caches_.size() - 1) {
+    later_layers_.clear();
+    for (std::size_t l = 1; l < caches_.size(); ++l) later_layers_.push_back({caches_[l]->host_pool(), caches_[l]->hot_cache()});
   }
+  gather_launches_ += static_cast<std::uint64_t>(gather_hisparse_layers(side, later_layers_, swap_host, swap_device, swap_counts, T));
+  for (std::size_t l = 1; l < caches_.size(); ++l) caches_[l]->ready().record(side);
+  gathers_ += caches_.size() - 1;
 }
 
 Event& HiSparseMLAIndexGroup::layer_ready(int layer_index) const { return cache(layer_index).ready(); }

@@ -178,46 +178,88 @@ void resolve_hisparse(Stream& stream, const HiSparseResolveInputs& in, const HiS
   detail::kernels_of(device).resolve_hisparse(stream, a);
 }
 
-void gather_hisparse(Stream& stream, const HiSparseGatherTensors& t, std::int64_t num_rows) {
+namespace {
+
+// A layer's pool and hot cache as the gather reads and fills them; throws
+// naming the tensor (after `layer`, its place in the call's list) and what
+// is wrong with it.
+void check_layer_rows(const char* where, const std::string& layer, const HiSparseLayerRows& l, const Device& device) {
+  const std::string pool = layer + "host_pool", hot = layer + "hot_cache";
+  check_row_pool(where, pool.c_str(), l.host_pool, device);
+  check(where, hot.c_str(), l.hot_cache).dtype(DType::u8).rank(3).rows_contiguous()
+      .dim(2, l.host_pool.dim(1), "row bytes of its host_pool").on(device);
+  if (l.hot_cache.dim(1) < 1 || l.hot_cache.dim(1) > int32_max) {
+    fail(where, hot, " has shape ", l.hot_cache.shape_string(), "; its block size must be in [1, 2^31)");
+  }
+  if (l.hot_cache.stride(0) % 16 != 0) fail(where, hot, " block stride ", l.hot_cache.stride(0), " is not a multiple of 16 bytes");
+  if (!aligned16(l.hot_cache.data())) fail(where, hot, " must start on a 16-byte boundary (rows move in 16-byte units)");
+}
+
+// Whether two layers can share one launch (HiSparseGatherArgs: one
+// geometry for every layer).
+bool same_geometry(const HiSparseLayerRows& a, const HiSparseLayerRows& b) {
+  return a.host_pool.dim(0) == b.host_pool.dim(0) && a.host_pool.dim(1) == b.host_pool.dim(1) &&
+         a.hot_cache.dim(0) == b.hot_cache.dim(0) && a.hot_cache.dim(1) == b.hot_cache.dim(1) &&
+         a.hot_cache.stride(0) == b.hot_cache.stride(0);
+}
+
+}  // namespace
+
+int gather_hisparse_layers(Stream& stream, const std::vector<HiSparseLayerRows>& layers, const Tensor& swap_host_rows,
+                           const Tensor& swap_device_rows, const Tensor& swap_counts, std::int64_t num_rows) {
   constexpr const char* where = "gather_hisparse";
   Device& device = stream.device();
-  check_row_pool(where, "host_pool", t.host_pool, device);
-  const std::int64_t row_bytes = t.host_pool.dim(1);
-  check(where, "hot_cache", t.hot_cache).dtype(DType::u8).rank(3).rows_contiguous().dim(2, row_bytes, "row bytes of host_pool")
-      .on(device);
-  if (t.hot_cache.dim(1) < 1 || t.hot_cache.dim(1) > int32_max) {
-    fail(where, "hot_cache has shape ", t.hot_cache.shape_string(), "; its block size must be in [1, 2^31)");
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    check_layer_rows(where, layers.size() == 1 ? std::string() : "layers[" + std::to_string(l) + "].", layers[l], device);
   }
-  if (t.hot_cache.stride(0) % 16 != 0) fail(where, "hot_cache block stride ", t.hot_cache.stride(0), " is not a multiple of 16 bytes");
   if (num_rows < 0 || num_rows > int32_max) fail(where, "num_rows must be in [0, 2^31), got ", num_rows);
-  check(where, "swap_host_rows", t.swap_host_rows).dtype(DType::i32).rank(2).rows_contiguous().dim_at_least(0, num_rows, "num_rows")
-      .on(device);
-  const std::int64_t K = t.swap_host_rows.dim(1);
+  check(where, "swap_host_rows", swap_host_rows).dtype(DType::i32).rank(2).rows_contiguous()
+      .dim_at_least(0, num_rows, "num_rows").on(device);
+  const std::int64_t K = swap_host_rows.dim(1);
   if (K > int32_max) fail(where, "swap_host_rows has ", K, " columns, more than 2^31 - 1");
-  check(where, "swap_device_rows", t.swap_device_rows).dtype(DType::i32).rank(2).rows_contiguous()
+  check(where, "swap_device_rows", swap_device_rows).dtype(DType::i32).rank(2).rows_contiguous()
       .dim_at_least(0, num_rows, "num_rows").dim(1, K, "columns of swap_host_rows").on(device);
-  if (t.swap_device_rows.stride(0) != t.swap_host_rows.stride(0)) {
-    fail(where, "swap_device_rows has row stride ", t.swap_device_rows.stride(0), " but swap_host_rows has ",
-         t.swap_host_rows.stride(0), "; they must match");
+  if (swap_device_rows.stride(0) != swap_host_rows.stride(0)) {
+    fail(where, "swap_device_rows has row stride ", swap_device_rows.stride(0), " but swap_host_rows has ",
+         swap_host_rows.stride(0), "; they must match");
   }
-  check(where, "swap_counts", t.swap_counts).dtype(DType::i32).rank(1).contiguous().dim_at_least(0, num_rows, "num_rows").on(device);
-  if (!aligned16(t.hot_cache.data())) fail(where, "hot_cache must start on a 16-byte boundary (rows move in 16-byte units)");
+  check(where, "swap_counts", swap_counts).dtype(DType::i32).rank(1).contiguous().dim_at_least(0, num_rows, "num_rows").on(device);
 
-  HiSparseGatherArgs a{};
-  a.host_pool = t.host_pool.data_as<std::uint8_t>();
-  a.host_rows = t.host_pool.dim(0);
-  a.hot_cache = t.hot_cache.data_as<std::uint8_t>();
-  a.hot_rows = t.hot_cache.dim(0) * t.hot_cache.dim(1);
-  a.hot_block_size = static_cast<std::int32_t>(t.hot_cache.dim(1));
-  a.hot_block_stride_bytes = t.hot_cache.stride(0);
-  a.row_bytes = row_bytes;
-  a.swap_host_rows = t.swap_host_rows.data_as<std::int32_t>();
-  a.swap_device_rows = t.swap_device_rows.data_as<std::int32_t>();
-  a.swap_stride = t.swap_host_rows.stride(0);
-  a.swap_counts = t.swap_counts.data_as<std::int32_t>();
-  a.num_rows = num_rows;
-  a.max_swaps = static_cast<std::int32_t>(K);
-  detail::kernels_of(device).gather_hisparse(stream, a);
+  // One launch for each run of up to max_gather_layers consecutive
+  // layers of one geometry.
+  int launches = 0;
+  for (std::size_t first = 0; first < layers.size();) {
+    const HiSparseLayerRows& f = layers[first];
+    HiSparseGatherArgs a{};
+    a.num_layers = 0;
+    while (first + a.num_layers < layers.size() && a.num_layers < max_gather_layers &&
+           same_geometry(f, layers[first + a.num_layers])) {
+      const HiSparseLayerRows& l = layers[first + a.num_layers];
+      a.host_pools[a.num_layers] = l.host_pool.data_as<std::uint8_t>();
+      a.hot_caches[a.num_layers] = l.hot_cache.data_as<std::uint8_t>();
+      ++a.num_layers;
+    }
+    a.host_rows = f.host_pool.dim(0);
+    a.hot_rows = f.hot_cache.dim(0) * f.hot_cache.dim(1);
+    a.hot_block_size = static_cast<std::int32_t>(f.hot_cache.dim(1));
+    a.hot_block_stride_bytes = f.hot_cache.stride(0);
+    a.row_bytes = f.host_pool.dim(1);
+    a.swap_host_rows = swap_host_rows.data_as<std::int32_t>();
+    a.swap_device_rows = swap_device_rows.data_as<std::int32_t>();
+    a.swap_stride = swap_host_rows.stride(0);
+    a.swap_counts = swap_counts.data_as<std::int32_t>();
+    a.num_rows = num_rows;
+    a.max_swaps = static_cast<std::int32_t>(K);
+    detail::kernels_of(device).gather_hisparse(stream, a);
+    first += static_cast<std::size_t>(a.num_layers);
+    ++launches;
+  }
+  return launches;
+}
+
+void gather_hisparse(Stream& stream, const HiSparseGatherTensors& t, std::int64_t num_rows) {
+  gather_hisparse_layers(stream, {HiSparseLayerRows{t.host_pool, t.hot_cache}}, t.swap_host_rows, t.swap_device_rows,
+                         t.swap_counts, num_rows);
 }
 
 void write_hisparse_rows(Stream& stream, const Tensor& rows, const Tensor& host_row_ids, const Tensor& host_pool) {

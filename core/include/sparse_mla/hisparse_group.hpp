@@ -31,6 +31,7 @@
 #include "sparse_mla/batch.hpp"
 #include "sparse_mla/hisparse_cache.hpp"
 #include "sparse_mla/hisparse_config.hpp"
+#include "sparse_mla/hisparse_ops.hpp"
 #include "sparse_mla/hisparse_prefill.hpp"
 #include "sparse_mla/index_group.hpp"
 
@@ -129,9 +130,13 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   const Tensor& swap_host_rows() const { return swap_host_rows_; }
   const Tensor& swap_device_rows() const { return swap_device_rows_; }
   const Tensor& swap_counts() const { return swap_counts_; }
-  // Resolves and per-layer gathers queued so far (the resolve runs once per step).
+  // Resolves and per-layer gathers queued so far (the resolve runs once per
+  // step), and the launches the gathers took: the first layer's gather is a
+  // launch of its own (its ready event can fire first), the later layers'
+  // share launches of up to eight layers.
   std::uint64_t resolves() const { return resolves_; }
   std::uint64_t gathers() const { return gathers_; }
+  std::uint64_t gather_launches() const { return gather_launches_; }
   // Reads the device counters: synchronises the side stream (not for the step path).
   HiSparseCounters counters();
   // The step path's form: queues on `stream`, after the group's work so far,
@@ -147,7 +152,7 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   // The decode protocol's hooks (index_group.hpp).
   void check_decode_step(const StepCall& call) const override;
   void queue_conversion(Stream& side, const StepCall& call) override;  // the resolve
-  void queue_layer_work(Stream& side, const StepCall& call) override;  // one gather per layer
+  void queue_layer_work(Stream& side, const StepCall& call) override;  // the layers' gathers
   Event& layer_ready(int layer_index) const override;
   TopkConversion convert_prefill_sized(const StepCall& call) override;
   const char* class_name() const override { return "HiSparseMLAIndexGroup"; }
@@ -177,6 +182,8 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
       union_swap_counts_, run_first_, entry_position_;
   std::uint64_t resolves_ = 0;
   std::uint64_t gathers_ = 0;
+  std::uint64_t gather_launches_ = 0;
+  std::vector<HiSparseLayerRows> later_layers_;  // the pools and hot caches of layers 1, 2, ... (queue_layer_work)
   std::unique_ptr<Stream> prefill_stream_;
 };
 

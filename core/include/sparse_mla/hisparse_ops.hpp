@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/tensor.hpp"
@@ -106,6 +107,19 @@ struct HiSparseGatherTensors {
 };
 
 void gather_hisparse(Stream& stream, const HiSparseGatherTensors& tensors, std::int64_t num_rows);
+
+// One layer's host pool and hot cache (as in HiSparseGatherTensors).
+struct HiSparseLayerRows {
+  Tensor host_pool;  // uint8 [host_rows, row_bytes], row_bytes a multiple of 16
+  Tensor hot_cache;  // uint8 [blocks, block_size, row_bytes] (block stride may be larger)
+};
+
+// The same copy into several layers from one swap list (the layers of a
+// group after the first): one launch for each run of up to eight consecutive
+// layers of one geometry (row bytes, pool rows, hot blocks and their stride).
+// Returns the launches queued.
+int gather_hisparse_layers(Stream& stream, const std::vector<HiSparseLayerRows>& layers, const Tensor& swap_host_rows,
+                           const Tensor& swap_device_rows, const Tensor& swap_counts, std::int64_t num_rows);
 
 // Host mirror: row n of `rows` (uint8 [n, row_bytes] on the device) becomes
 // host row host_row_ids[n] (int32 [>= n]; -1 or past the pool: skipped) of
