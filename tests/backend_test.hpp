@@ -14,8 +14,7 @@
 
 namespace sparse_mla::testing {
 
-// The parameter is a backend's name, optionally followed by "+variant" for a
-// suite that runs each backend more than one way (variant() names the way).
+// The parameter is a backend's name.
 class BackendTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -24,11 +23,7 @@ class BackendTest : public ::testing::TestWithParam<std::string> {
     device = open_device(backend());
     if (!device->has_kernels()) GTEST_SKIP() << backend() << ": this build has no kernels for this backend";
   }
-  std::string backend() const { return GetParam().substr(0, GetParam().find('+')); }
-  std::string variant() const {
-    const auto plus = GetParam().find('+');
-    return plus == std::string::npos ? std::string() : GetParam().substr(plus + 1);
-  }
+  std::string backend() const { return GetParam(); }
   std::shared_ptr<Device> device;
 };
 
@@ -49,18 +44,7 @@ class GraphBackendTest : public BackendTest {
   }
 };
 
-inline std::string backend_param_name(const ::testing::TestParamInfo<std::string>& info) {
-  std::string name = info.param;
-  for (char& c : name) c = c == '+' ? '_' : c;
-  return name;
-}
-
-// Every compiled backend's name followed by "+variant".
-inline std::vector<std::string> backends_with(const std::string& variant) {
-  std::vector<std::string> out;
-  for (const std::string& b : ::sparse_mla::compiled_backends()) out.push_back(b + "+" + variant);
-  return out;
-}
+inline std::string backend_param_name(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
 
 }  // namespace sparse_mla::testing
 

@@ -82,7 +82,7 @@ struct TestEngine {
   OwnedTensor slab;  // device uint8 [hot_blocks * layers, bs, row_bytes]
   std::vector<OwnedTensor> host_pools;
   std::vector<std::vector<std::uint8_t>> pool_bytes;
-  OwnedTensor slot_rows, lru, hot_table, slot_map;
+  OwnedTensor slot_rows, lru, hot_table;
   std::vector<std::int32_t> hot_table_values, block_table_values, resident_values;
 
   // HiSparse prefill staging: the plan's storage and the staged rows, sized once.
@@ -142,7 +142,6 @@ struct TestEngine {
     }
     slot_rows = OwnedTensor(*device, DType::i32, {S, H});
     lru = OwnedTensor(*device, DType::i16, {S, H});
-    slot_map = OwnedTensor(*device, DType::i32, {S, hisparse_slot_map_words(H)});  // the engine keeps the map too
     hot_table_values.resize(std::size_t(hot_blocks));
     std::iota(hot_table_values.begin(), hot_table_values.end(), 0);
     std::shuffle(hot_table_values.begin(), hot_table_values.end(), rng);  // the engine's placement
@@ -164,8 +163,7 @@ struct TestEngine {
     config.host_pool_rows = host_rows;
     config.block_size = bs;
     config.attention_block_stride = std::int64_t(hisparse_layers) * bs;
-    config.state = HiSparseStateStorage{slot_rows, lru, hot_table, slot_map};
-    config.slot_map = true;  // the engine's own map (the default keeps none)
+    config.state = HiSparseStateStorage{slot_rows, lru, hot_table};
     for (int l = 0; l < hisparse_layers; ++l) {
       LayerConfig layer{head_size, "bfloat16", config, hisparse_layer_storage(l)};
       layers.push_back(builder->register_layer(l == 0, layer));

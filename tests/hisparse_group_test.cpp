@@ -114,10 +114,6 @@ TEST_P(HiSparseGroupTest, BuilderRefusesConfigurationsThatCannotWork) {
   refused(c, "top_k is 128 but the group's logical top-k buffer has K = 64");
   c.top_k = 0;
   c.row_bytes = 656;
-  c.slot_map = false;
-  auto map = device->allocate(std::size_t(requests * hisparse_slot_map_words(H)) * 4, MemoryKind::device);
-  c.state.slot_map = Tensor::of(map, DType::i32, {requests, hisparse_slot_map_words(H)});
-  refused(c, "slot_map is false, but state.slot_map gives the group a map");
 
   SparseMLAIndexGroupBuilder builder(device, buffer, 8);
   const LayerRegistration plain = builder.register_layer(true);
@@ -140,16 +136,8 @@ TEST_P(HiSparseGroupTest, FootprintCountsHostPoolsHotCachesAndState) {
   const std::uint64_t state = std::uint64_t(c.max_requests) * H * (4 + 2) + std::uint64_t(c.max_requests) * (H / block_size) * 4;
   const std::uint64_t workspaces = 9 * K * 4 * 5 + 9 * 4 * 2 + 16;  // 4 resolve arrays + physical, 2 count rows, counters
   const HiSparseFootprint f = g.footprint();
-  EXPECT_FALSE(g.slot_map().defined());  // no slot map by default
   EXPECT_EQ(f.host_bytes, std::uint64_t(c.host_pool_rows) * rows_bytes);
   EXPECT_EQ(f.device_bytes, hot_rows * rows_bytes + state + workspaces);
-  // With a slot map: the same and the map's bytes.
-  std::vector<LayerConfig> with_map = {hisparse_layer("fp8_ds_mla", 576), hisparse_layer("bfloat16", 576)};
-  with_map[0].hisparse->slot_map = true;
-  Engine e2(device, {true, false}, with_map, rng);
-  EXPECT_TRUE(e2.group(0).slot_map().defined());
-  EXPECT_EQ(e2.group(0).footprint().device_bytes,
-            f.device_bytes + std::uint64_t(c.max_requests) * std::uint64_t(hisparse_slot_map_words(H)) * 4);
 }
 
 // The main group test: several decode steps through two HiSparse groups.
@@ -160,11 +148,8 @@ TEST_P(HiSparseGroupTest, MultiLayerGroupsResolveOnceAndEveryLayerGetsItsOwnRows
   std::vector<LayerConfig> configs = {hisparse_layer("fp8_ds_mla", 576), hisparse_layer("bfloat16", 64),
                                       hisparse_layer("float32", 8), hisparse_layer("fp8_ds_mla", 576),
                                       hisparse_layer("bfloat16", 576)};
-  configs[0].hisparse->slot_map = true;  // the first group resolves with a slot map, the second without one
   Engine e(device, {true, false, false, true, false}, configs, rng);
   ASSERT_EQ(e.builder->groups().size(), 2u);
-  EXPECT_TRUE(e.group(0).slot_map().defined());
-  EXPECT_FALSE(e.group(3).slot_map().defined());
   std::vector<reference::HiSparseState> states(2, reference::HiSparseState(requests, H));
   std::vector<std::vector<std::int32_t>> previous(requests);
   std::uint64_t hits = 0, misses = 0;

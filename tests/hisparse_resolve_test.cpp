@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
 #include <numeric>
 #include <random>
 #include <set>
@@ -24,14 +23,11 @@ using reference::HiSparseState;
 using reference::HiSparseStep;
 using reference::HiSparseTables;
 
-// Every test runs twice on each backend: searching the slots (Backends), and
-// with a slot map kept beside them (SlotMap), which must give the same results.
-class HiSparseResolveTest : public BackendTest {
- protected:
-  bool slot_map() const { return variant() == "slot_map"; }
-};
+// Production rows (K = 2048, H = 4096, power-of-two blocks) take the resolve
+// in LRU order, every other shape the general resolve
+// (core/kernels/hisparse_resolve.hpp): the tests run both.
+class HiSparseResolveTest : public BackendTest {};
 SPARSE_MLA_INSTANTIATE_BACKENDS(HiSparseResolveTest);
-INSTANTIATE_TEST_SUITE_P(SlotMap, HiSparseResolveTest, ::testing::ValuesIn(backends_with("slot_map")), backend_param_name);
 
 struct Shape {
   std::int32_t top_k = 64, hot_slots = 128, requests = 4, blocks = 16, block_size = 16;
@@ -162,43 +158,8 @@ void expect_same_state(const HiSparseState& got, const HiSparseState& want) {
   EXPECT_EQ(got.lru, want.lru);
 }
 
-// Counts the rebuilds of a rig's slot maps from their headers after each step:
-// between two rebuilds a header only grows, never past 3H (a step enters at
-// most K <= H rows into a map rebuilt once past 2H); a header that shrinks
-// was rebuilt, which happens only past 2H.
-struct SlotMapRebuilds {
-  HiSparseRig& rig;
-  int count = 0;
-  std::vector<std::int32_t> last{};
-
-  void after_step() {
-    if (!rig.with_slot_map) return;
-    const std::int32_t H = rig.tables.hot_slots;
-    const std::int64_t words = hisparse_slot_map_words(H);
-    const std::int64_t states = rig.slot_map.tensor.dim(0);
-    const auto map = download<std::int32_t>(rig.device, rig.stream, rig.slot_map.buffer, std::size_t(states * words));
-    last.resize(std::size_t(states), -1);
-    for (std::int64_t s = 0; s < states; ++s) {
-      const std::int32_t used = map[std::size_t(s * words)];
-      std::int32_t& before = last[std::size_t(s)];
-      if (used >= 0) {
-        EXPECT_LE(used, 3 * H) << "state " << s;
-      }
-      if (before >= 0 && used >= 0 && used < before) {
-        ++count;
-        EXPECT_GT(before, 2 * H) << "state " << s << " was rebuilt before its map passed 2H";
-      }
-      before = used;
-    }
-  }
-};
-
-// The rig's state equals the model's, and its slot map (if any) agrees with
-// it; returns how many state rows had a map to check.
-int expect_state(HiSparseRig& rig, const HiSparseState& want) {
-  expect_same_state(rig.state(), want);
-  return rig.expect_slot_map_matches_slots();
-}
+// The rig's state equals the model's.
+void expect_state(HiSparseRig& rig, const HiSparseState& want) { expect_same_state(rig.state(), want); }
 
 // Nothing lost: every occupied slot of every state row holds its host row's bytes.
 void expect_slots_hold_host_rows(HiSparseRig& rig, const HiSparseState& state) {
@@ -224,7 +185,7 @@ void expect_slots_hold_host_rows(HiSparseRig& rig, const HiSparseState& state) {
 // Runs `step` on the rig and through the model (which updates `state`): the
 // outputs, the slot state and the hot slots' bytes agree; where the rig gives
 // no optional outputs, their buffers keep the poison. Returns the model's
-// result. The slot map is the caller's to check.
+// result.
 HiSparseResult run_step_as_model(HiSparseRig& rig, const HiSparseTables& t, const HiSparseStep& step, HiSparseState& state) {
   const HiSparseResult got = rig.run(step);
   const HiSparseResult want = reference::resolve_model(t, step, state);
@@ -255,7 +216,7 @@ TEST_P(HiSparseResolveTest, ColdResolveLoadsKRowsAndPutsThemLast) {
   shape.requests = 1;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(1, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, 1, 656, hot_cache_blocks(t, 1), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, 1, 656, hot_cache_blocks(t, 1), rng);
   // K distinct valid positions (the first blocks of the request hold real pool rows).
   std::vector<std::int32_t> selection = iota_vec(t.top_k, 3);
   std::shuffle(selection.begin(), selection.end(), rng);
@@ -286,7 +247,7 @@ TEST_P(HiSparseResolveTest, ReplayingTheSameSelectionIsAllHitsAndChangesNothing)
   Shape shape;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 64, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 64, hot_cache_blocks(t, shape.states), rng);
   std::vector<std::vector<std::int32_t>> selections;
   for (std::int32_t b = 0; b < shape.requests; ++b) selections.push_back(next_selection(t, {}, 0, rng));
   const HiSparseStep step = make_step(t, iota_vec(shape.requests), iota_vec(shape.requests), selections);
@@ -315,7 +276,7 @@ TEST_P(HiSparseResolveTest, ReplayingTheSameSelectionIsAllHitsAndChangesNothing)
 // The main property test: random steps with evictions, batch rows permuted
 // over state rows, resident pages and a padding row now and then.
 void run_random_steps(HiSparseRig& rig, const Shape& shape, HiSparseState& state, std::int32_t steps, std::mt19937_64& rng,
-                      bool duplicates, const std::function<void()>& after_step = {}) {
+                      bool duplicates) {
   const HiSparseTables& t = rig.tables;
   std::vector<std::vector<std::int32_t>> previous(static_cast<std::size_t>(shape.requests));
   const std::vector<std::int64_t> counters_before = rig.hit_miss_counters();
@@ -336,8 +297,6 @@ void run_random_steps(HiSparseRig& rig, const Shape& shape, HiSparseState& state
       selections.push_back(sel);
     }
     const HiSparseResult want = run_step_as_model(rig, t, make_step(t, order, states, selections), state);
-    rig.expect_slot_map_matches_slots();
-    if (after_step) after_step();
     hits += want.hits;
     misses += want.misses;
     if (::testing::Test::HasFailure()) return;
@@ -358,60 +317,44 @@ TEST_P(HiSparseResolveTest, RandomStepsWithEvictionsLoseNothing) {
   shape.blocks = 24;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 656, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 656, hot_cache_blocks(t, shape.states), rng);
   run_random_steps(rig, shape, state, 12, rng, false);
 }
 
-// Many steps at little slack with a slot map: it fills up and is rebuilt
-// several times along the way, and still agrees with the model and with
-// slot_rows after every step.
-TEST_P(HiSparseResolveTest, ALongRunRebuildsTheSlotMapAndStaysExact) {
+// Many steps at little slack (H barely above K) with repeated entries: nearly
+// every step evicts, and the state still agrees with the model after each.
+TEST_P(HiSparseResolveTest, ALongRunAtLittleSlackStaysExact) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(12);
   auto stream = device->create_stream();
   Shape shape;
   shape.top_k = 48;
-  shape.hot_slots = 52;  // a map rebuilds once it has used 2H = 104 positions: every two or three steps
+  shape.hot_slots = 52;
   shape.requests = shape.states = 3;
   shape.blocks = 12;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng, slot_map());
-  SlotMapRebuilds rebuilds{rig};
-  run_random_steps(rig, shape, state, 30, rng, true, [&] { rebuilds.after_step(); });
-  if (slot_map() && backend() == "host") {  // a GPU maps production rows only (K = 2048, H = 4096)
-    EXPECT_GT(rig.expect_slot_map_matches_slots(), 0) << "no state row has a slot map after 30 steps";
-    EXPECT_GE(rebuilds.count, 3) << "the maps were never rebuilt along the way";
-  }
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng);
+  run_random_steps(rig, shape, state, 30, rng, true);
 }
 
-// Production rows (K = 2048, H = 4096, power-of-two blocks), which a GPU
-// resolves through the slot map too, with a team of 1024 threads. At about a
-// thousand misses a step a map first passes 2H after some eight steps of its
-// row, then every four or five: 24 steps (a row sits out about one in six as
-// padding) rebuild each map at least once after its first build.
-TEST_P(HiSparseResolveTest, ProductionRowsRebuildTheirSlotMapsAndStayExact) {
+// Production rows (the resolve in LRU order, a team of 1024 threads on a GPU)
+// over many steps of about a thousand misses each: every slot is evicted and
+// reloaded several times, and a row sits out about one step in six as padding.
+TEST_P(HiSparseResolveTest, ProductionRowsStayExactOverManySteps) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(14);
   auto stream = device->create_stream();
   Shape shape = production_shape();
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
-  SlotMapRebuilds rebuilds{rig};
-  run_random_steps(rig, shape, state, 24, rng, false, [&] { rebuilds.after_step(); });
-  if (slot_map()) {
-    EXPECT_GT(rig.expect_slot_map_matches_slots(), 0) << "no state row has a slot map after 24 steps";
-    EXPECT_GE(rebuilds.count, 2) << "the maps were never rebuilt along the way";
-  }
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  run_random_steps(rig, shape, state, 24, rng, false);
 }
 
-// Calls of another shape between production calls, on the same state rows. A
-// GPU maps production rows only: it resolves the other calls by searching the
-// slots and marks the maps of the rows they touch for a rebuild, so the next
-// production call rebuilds rather than trust a map that missed a step. The
-// host maps both shapes and keeps its maps.
-TEST_P(HiSparseResolveTest, CallsOfAnotherShapeBetweenProductionCallsKeepTheMapsExact) {
+// Calls of another shape between production calls, on the same state rows:
+// the general resolve and the resolve in LRU order take turns on one state.
+TEST_P(HiSparseResolveTest, CallsOfAnotherShapeBetweenProductionCallsStayExact) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(15);
   auto stream = device->create_stream();
@@ -420,8 +363,7 @@ TEST_P(HiSparseResolveTest, CallsOfAnotherShapeBetweenProductionCallsKeepTheMaps
   HiSparseTables narrow = wide;
   narrow.top_k = 1000;  // neither 2048 nor a power of two
   HiSparseState state(shape.states, wide.hot_slots);
-  HiSparseRig rig(*device, *stream, wide, state, shape.requests, 16, hot_cache_blocks(wide, shape.states), rng, slot_map());
-  const std::int64_t words = hisparse_slot_map_words(wide.hot_slots);
+  HiSparseRig rig(*device, *stream, wide, state, shape.requests, 16, hot_cache_blocks(wide, shape.states), rng);
   std::vector<std::vector<std::int32_t>> previous(2);
   for (int s = 0; s < 8; ++s) {
     SCOPED_TRACE("step " + std::to_string(s));
@@ -431,115 +373,7 @@ TEST_P(HiSparseResolveTest, CallsOfAnotherShapeBetweenProductionCallsKeepTheMaps
     const std::vector<std::int32_t> states = {0, s % 4 == 3 ? -1 : 1};
     for (auto& sel : previous) sel = next_selection(t, sel, production ? 0.5 : 0.4, rng);  // at most K kept
     run_step_as_model(rig, t, make_step(t, {0, 1}, states, previous), state);
-    const int mapped = rig.expect_slot_map_matches_slots();
-    if (!slot_map()) continue;
-    const auto map = download<std::int32_t>(*device, *stream, rig.slot_map.buffer, std::size_t(2 * words));
-    if (production) {
-      EXPECT_EQ(mapped, 2) << "a production call leaves both maps in step with the slots";
-    } else {
-      const bool searched = backend() != "host";
-      EXPECT_EQ(map[0] < 0, searched) << "state row 0 after a call of K = " << t.top_k;
-      if (states[1] < 0) {
-        EXPECT_GE(map[std::size_t(words)], 0) << "state row 1 sat the call out and keeps its map";
-      } else {
-        EXPECT_EQ(map[std::size_t(words)] < 0, searched) << "state row 1 after a call of K = " << t.top_k;
-      }
-    }
     if (::testing::Test::HasFailure()) return;
-  }
-}
-
-// A map with no never-used entry left (what rows sharing a state row, against
-// hisparse_ops.hpp's rule, can leave behind): every lookup walks the whole map
-// and ends, not found, and every insert finds no room and asks for a rebuild,
-// which the next step does. Here the map is full of host rows past the pool
-// and the slots are empty, so the first step is a cold resolve as the model
-// has it, and the second runs on the rebuilt map.
-TEST_P(HiSparseResolveTest, AFullSlotMapEndsItsWalksAndIsRebuilt) {
-  if (!slot_map()) GTEST_SKIP() << "a slot-map test";
-  SCOPED_TRACE(seed_trace());
-  auto rng = seeded_rng(16);
-  auto stream = device->create_stream();
-  const Shape shape = production_shape();
-  const HiSparseTables t = make_tables(shape, rng);
-  HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, true);
-  const std::int32_t H = t.hot_slots;
-  const std::int64_t words = hisparse_slot_map_words(H), first = hisparse_slot_map_entries(H);
-  std::vector<std::int32_t> full(std::size_t(shape.states * words), 0);
-  for (std::int32_t s = 0; s < shape.states; ++s) {
-    std::int32_t* m = &full[std::size_t(s * words)];
-    m[0] = 0;
-    m[1] = hisparse_slot_map_tag ^ H;
-    for (std::int32_t slot = 0; slot < H; ++slot) m[hisparse_slot_map_slot_positions + slot] = -1;
-    for (std::int64_t p = 0; p < hisparse_slot_map_positions(H); ++p) {
-      m[first + 2 * p] = (1 << 30) + static_cast<std::int32_t>(p);  // a host row past the pool: never selected
-      m[first + 2 * p + 1] = static_cast<std::int32_t>(p % H);
-    }
-  }
-  rig.slot_map = device_tensor(*device, *stream, full, {shape.states, words});
-  std::vector<std::vector<std::int32_t>> selections(2);
-  for (int step_index = 0; step_index < 2; ++step_index) {
-    SCOPED_TRACE("step " + std::to_string(step_index));
-    for (auto& sel : selections) sel = next_selection(t, sel, 0.5, rng);
-    run_step_as_model(rig, t, make_step(t, {0, 1}, {0, 1}, selections), state);
-    const auto map = download<std::int32_t>(*device, *stream, rig.slot_map.buffer, std::size_t(2 * words));
-    if (step_index == 0) {
-      EXPECT_GT(map[0], 2 * H) << "an insert found no room and did not ask for a rebuild";
-      EXPECT_GT(map[std::size_t(words)], 2 * H) << "an insert found no room and did not ask for a rebuild";
-    } else {
-      EXPECT_EQ(rig.expect_slot_map_matches_slots(), 2) << "the second step rebuilds both maps";
-    }
-    if (::testing::Test::HasFailure()) return;
-  }
-}
-
-// A state that holds a host row in two slots (an engine can write one): the
-// slot map cannot name both, so such a row resolves exactly as it does
-// without the map, and its map stays marked for a rebuild.
-TEST_P(HiSparseResolveTest, AStateHoldingARowTwiceResolvesAsWithoutTheSlotMap) {
-  if (!slot_map()) GTEST_SKIP() << "compares the slot-map path with the search";
-  SCOPED_TRACE(seed_trace());
-  auto rng = seeded_rng(13);
-  auto stream = device->create_stream();
-  Shape shape;
-  shape.requests = shape.states = 2;
-  const HiSparseTables t = make_tables(shape, rng);
-  HiSparseState state(shape.states, t.hot_slots);
-  std::vector<std::vector<std::int32_t>> selections(2);
-  for (auto& sel : selections) sel = next_selection(t, {}, 0, rng);
-  reference::resolve_model(t, make_step(t, {0, 1}, {0, 1}, selections), state);
-  // State row 0: its two lowest occupied slots both hold the first one's row.
-  std::vector<std::int32_t> occupied;
-  for (std::int32_t slot = 0; slot < t.hot_slots; ++slot) {
-    if (state.slot_rows[std::size_t(slot)] >= 0) occupied.push_back(slot);
-  }
-  ASSERT_GE(occupied.size(), 2u);
-  state.slot_rows[std::size_t(occupied[1])] = state.slot_rows[std::size_t(occupied[0])];
-  auto mapped_rng = rng, plain_rng = rng;
-  HiSparseRig mapped(*device, *stream, t, state, 2, 16, hot_cache_blocks(t, 2), mapped_rng, true);
-  HiSparseRig plain(*device, *stream, t, state, 2, 16, hot_cache_blocks(t, 2), plain_rng, false);
-  const std::int64_t words = hisparse_slot_map_words(t.hot_slots);
-  for (int step_index = 0; step_index < 4; ++step_index) {
-    SCOPED_TRACE("step " + std::to_string(step_index));
-    // The first step selects everything again (both copies hit), later ones about half.
-    for (auto& sel : selections) sel = next_selection(t, sel, step_index == 0 ? 1.0 : 0.5, rng);
-    const HiSparseStep step = make_step(t, {0, 1}, {0, 1}, selections);
-    const HiSparseResult got = mapped.run(step);
-    const HiSparseResult want = plain.run(step);
-    expect_same(got, want, t.top_k);
-    const HiSparseState now = plain.state();
-    expect_same_state(mapped.state(), now);
-    mapped.expect_slot_map_matches_slots();
-    const auto map = download<std::int32_t>(*device, *stream, mapped.slot_map.buffer, std::size_t(2 * words));
-    const auto first = now.slot_rows.begin();
-    const bool twice = std::count(first, first + t.hot_slots, state.slot_rows[std::size_t(occupied[0])]) == 2;
-    if (twice) {
-      EXPECT_EQ(map[0], -1) << "state row 0 still holds a row twice";
-    }
-    if (backend() == "host") {  // a GPU maps production rows only: this shape searches
-      EXPECT_GE(map[std::size_t(words)], 0) << "state row 1 holds no row twice and keeps its map";
-    }
   }
 }
 
@@ -563,7 +397,7 @@ TEST_P(HiSparseResolveTest, HotTableByStateRowMatchesTheTableByBatchRow) {
   shape.requests = shape.states = 6;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng);
   index_hot_table_by_state(rig, t, shape.states);
   run_random_steps(rig, shape, state, 8, rng, false);
 }
@@ -576,7 +410,7 @@ TEST_P(HiSparseResolveTest, ResidentPagesBypassTheLru) {
   shape.resident = true;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng);
   run_random_steps(rig, shape, state, 6, rng, false);
 
   // A row that selects only resident positions (and -1): outputs the
@@ -605,7 +439,7 @@ TEST_P(HiSparseResolveTest, PaddingRowsOutputMinusOneAndLeaveStateAlone) {
   Shape shape;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 48, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 48, hot_cache_blocks(t, shape.states), rng);
   run_random_steps(rig, shape, state, 2, rng, false);
   const HiSparseState before = rig.state();
   std::vector<std::vector<std::int32_t>> selections;
@@ -631,7 +465,7 @@ TEST_P(HiSparseResolveTest, DuplicatesInOneSelectionCollapse) {
   shape.hot_slots = 96;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
 
   // Every position twice: K / 2 distinct rows, one slot each, one swap each.
   std::vector<std::int32_t> half = iota_vec(t.top_k / 2, 1);
@@ -665,7 +499,7 @@ TEST_P(HiSparseResolveTest, RowsOutsideThePoolResolveToMinusOne) {
   Shape shape;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
   // Request 0's last block is -1, request 1's last block is past the pool,
   // and positions past the table, negative ones and a request id outside the
   // table give no host row either.
@@ -722,7 +556,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtProductionWidth) {
   shape.resident = true;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
   run_random_steps(rig, shape, state, 3, rng, true);
 }
 
@@ -740,7 +574,7 @@ TEST_P(HiSparseResolveTest, ProductionRowsMatchTheModelInEveryKindOfRow) {
   shape.requests = shape.states = 3;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
   index_hot_table_by_state(rig, t, shape.states);
   const std::vector<std::int32_t> rows = iota_vec(shape.requests);
   std::vector<std::vector<std::int32_t>> selections;
@@ -797,14 +631,16 @@ TEST_P(HiSparseResolveTest, ProductionRowsMatchTheModelInEveryKindOfRow) {
 }
 
 // Production rows with hot blocks at both ends of what the hot block table
-// holds: 16 rows (256 blocks, the most the resolve in LRU order caches) and
+// holds: 8 rows (512 blocks, more than the resolve in LRU order caches: the
+// general resolve takes them and reads the hot block table from global
+// memory), 16 rows (256 blocks, the most the resolve in LRU order caches) and
 // one block larger than all H slots; padding by a state index past the
 // state rows.
 TEST_P(HiSparseResolveTest, ProductionRowsWithTheSmallestAndLargestHotBlocks) {
   SCOPED_TRACE(seed_trace());
   auto rng = seeded_rng(17);
   auto stream = device->create_stream();
-  for (const std::int32_t hot_block : {16, 8192}) {
+  for (const std::int32_t hot_block : {8, 16, 8192}) {
     SCOPED_TRACE("hot blocks of " + std::to_string(hot_block));
     Shape shape = production_shape();
     HiSparseTables t = make_tables(shape, rng);
@@ -812,7 +648,7 @@ TEST_P(HiSparseResolveTest, ProductionRowsWithTheSmallestAndLargestHotBlocks) {
     t.hot_blocks_per_row = (t.hot_slots + hot_block - 1) / hot_block;
     t.attention_block_stride = 2 * hot_block;
     HiSparseState state(shape.states, t.hot_slots);
-    HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
+    HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
     std::vector<std::vector<std::int32_t>> selections;
     for (std::int32_t r = 0; r < shape.requests; ++r) selections.push_back(next_selection(t, {}, 0, rng));
     for (int step = 0; step < 3; ++step) {
@@ -839,7 +675,7 @@ TEST_P(HiSparseResolveTest, ProductionRowsWithoutTheOptionalOutputs) {
   shape.resident = true;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
   rig.optional_outputs = false;
   const std::vector<std::int64_t> counters_before = rig.hit_miss_counters();
   const std::vector<std::int32_t> rows = iota_vec(shape.requests);
@@ -876,12 +712,12 @@ TEST_P(HiSparseResolveTest, BlockSizesThatAreNotPowersOfTwo) {
   t.hot_blocks_per_row = (t.hot_slots + t.hot_block_size - 1) / t.hot_block_size;
   t.attention_block_stride = 40;
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
   run_random_steps(rig, shape, state, 6, rng, true);
 }
 
 // The kernel packs entry indices, miss numbers and slot + 1 into 15 and 16
-// bits of its set words (core/kernels/hisparse_resolve.hpp): these two tests
+// bits of its set words (core/kernels/hisparse_resolve_general.hpp): these two tests
 // run the largest values the op accepts (H = 32768, K = H).
 
 TEST_P(HiSparseResolveTest, KernelMatchesModelWithTheLargestSlotIds) {
@@ -903,7 +739,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelWithTheLargestSlotIds) {
       state.lru[std::size_t(s) * t.hot_slots + p] = static_cast<std::int16_t>(t.hot_slots - 1 - p);
     }
   }
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
   // A cold step, then the same selections again: every slot it loaded,
   // 32767 first, is a hit.
   const std::vector<std::vector<std::int32_t>> selections{next_selection(t, {}, 0, rng), next_selection(t, {}, 0, rng)};
@@ -938,7 +774,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtTheLargestTopK) {
   const HiSparseTables t = make_tables(shape, rng);
   const std::int32_t K = t.top_k;
   HiSparseState state(1, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, 1, 16, hot_cache_blocks(t, 1), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, 1, 16, hot_cache_blocks(t, 1), rng);
 
   // Positions [0, K) are all in the pool: entry m is the m-th miss and takes
   // slot m (a cold LRU is 0 .. H - 1), and with K = H the LRU stays as it is.
@@ -983,7 +819,7 @@ TEST_P(HiSparseResolveTest, RejectedCallsNameTheArgumentAndWriteNothing) {
   Shape shape;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
   std::vector<std::vector<std::int32_t>> selections(4, next_selection(t, {}, 0, rng));
   const HiSparseStep step = make_step(t, iota_vec(4), iota_vec(4), selections);
   const auto logical = device_tensor(*device, *stream, step.logical, {4, t.top_k});
@@ -1005,11 +841,7 @@ TEST_P(HiSparseResolveTest, RejectedCallsNameTheArgumentAndWriteNothing) {
   expect_error("hot_slots must be in [K", [&] { resolve_hisparse(*stream, rig.inputs(logical, ids, states, hot_table), slots, t.top_k - 1, rig.outputs()); });
   expect_error("hot_block_table has shape [4, 1]", [&] { resolve_hisparse(*stream, rig.inputs(logical, ids, states, short_table), slots, t.hot_slots, rig.outputs()); });
   expect_error("lru has dtype I32", [&] {
-    resolve_hisparse(*stream, rig.inputs(logical, ids, states, hot_table), HiSparseSlotState{rig.slot_rows.tensor, lru16.tensor, {}}, t.hot_slots, rig.outputs());
-  });
-  const auto short_map = device_tensor(*device, *stream, std::vector<std::int32_t>(std::size_t(4 * 8), -1), {4, 8});
-  expect_error("slot_map has shape [4, 8]", [&] {
-    resolve_hisparse(*stream, rig.inputs(logical, ids, states, hot_table), HiSparseSlotState{rig.slot_rows.tensor, rig.lru.tensor, short_map.tensor}, t.hot_slots, rig.outputs());
+    resolve_hisparse(*stream, rig.inputs(logical, ids, states, hot_table), HiSparseSlotState{rig.slot_rows.tensor, lru16.tensor}, t.hot_slots, rig.outputs());
   });
   HiSparseResolveOutputs narrow = rig.outputs();
   narrow.swap_counts = narrow.swap_counts.rows(0, 2);

@@ -28,19 +28,14 @@ struct HiSparseRig {
   // When defined, the resolve reads this table by state row (hot_table_by_state)
   // instead of the step's table by batch row.
   DeviceTensor hot_table_by_state;
-  // With `with_slot_map`, the state carries a slot map (rebuilt after every set_state()).
-  bool with_slot_map;
-  DeviceTensor slot_map;
   // false: the resolve gets none of its optional outputs (attention indices,
   // resolved rows, miss mask, valid counts, counters); their buffers keep
   // the poison.
   bool optional_outputs = true;
 
   HiSparseRig(Device& d, Stream& s, const reference::HiSparseTables& t, const reference::HiSparseState& state,
-              std::int32_t rows, std::int64_t bytes_per_row, std::int32_t hot_cache_blocks, std::mt19937_64& rng,
-              bool with_map = false)
-      : device(d), stream(s), tables(t), max_rows(rows), row_bytes(bytes_per_row), hot_blocks(hot_cache_blocks),
-        with_slot_map(with_map) {
+              std::int32_t rows, std::int64_t bytes_per_row, std::int32_t hot_cache_blocks, std::mt19937_64& rng)
+      : device(d), stream(s), tables(t), max_rows(rows), row_bytes(bytes_per_row), hot_blocks(hot_cache_blocks) {
     source = device_tensor(d, s, t.source_table, {t.source_rows, t.source_blocks});
     if (!t.resident_table.empty()) resident = device_tensor(d, s, t.resident_table, {t.resident_rows, t.resident_blocks});
     set_state(state);
@@ -66,65 +61,8 @@ struct HiSparseRig {
   void set_state(const reference::HiSparseState& state) {
     slot_rows = device_tensor(device, stream, state.slot_rows, {state.states(), state.hot_slots});
     lru = device_tensor(device, stream, state.lru, {state.states(), state.hot_slots});
-    if (with_slot_map) {
-      // Zeros, not the -1 an index group fills in: a map without the library's
-      // tag is rebuilt as well (the group's own maps start at -1).
-      const std::int64_t words = hisparse_slot_map_words(state.hot_slots);
-      slot_map = device_tensor(device, stream, std::vector<std::int32_t>(std::size_t(state.states() * words), 0),
-                               {state.states(), words});
-    }
   }
-  HiSparseSlotState slot_state() const { return HiSparseSlotState{slot_rows.tensor, lru.tensor, slot_map.tensor}; }
-
-  // The slot map after a step agrees with slot_rows: every occupied slot's
-  // position holds (its host row, the slot), no other entry is live, and the
-  // header counts at least the live entries. Returns how many state rows had
-  // a map to check.
-  int expect_slot_map_matches_slots() {
-    if (!with_slot_map) return 0;
-    int checked = 0;
-    const std::int32_t H = tables.hot_slots;
-    const std::int64_t words = hisparse_slot_map_words(H), first = hisparse_slot_map_entries(H);
-    const auto state_now = state();
-    const auto map = download<std::int32_t>(device, stream, slot_map.buffer, std::size_t(slot_map.tensor.numel()));
-    for (std::int32_t s = 0; s < state_now.states(); ++s) {
-      const std::int32_t* m = &map[std::size_t(s * words)];
-      if (m[0] < 0) continue;  // to be rebuilt (it held a row twice)
-      if (m[1] != (hisparse_slot_map_tag ^ H)) continue;  // never resolved yet (still the zeros it started as)
-      ++checked;
-      std::int32_t occupied = 0, live = 0;
-      for (std::int32_t slot = 0; slot < H; ++slot) {
-        const std::int32_t g = state_now.slot_rows[std::size_t(s) * H + slot];
-        const std::int32_t p = m[hisparse_slot_map_slot_positions + slot];
-        if (g < 0) continue;
-        ++occupied;
-        EXPECT_GE(p, 0) << "state " << s << " slot " << slot << " holds host row " << g << " but has no map entry";
-        if (p < 0) continue;
-        EXPECT_EQ(m[first + 2 * p], g) << "state " << s << " slot " << slot;
-        EXPECT_EQ(m[first + 2 * p + 1], slot) << "state " << s << " slot " << slot;
-      }
-      const std::int64_t positions = 4 * std::int64_t(H);
-      for (std::int64_t p = 0; p < positions; ++p) {
-        const std::int32_t g = m[first + 2 * p];
-        if (g < 0) continue;
-        ++live;
-        // Reachable: the walk from g's hash bucket (Knuth's multiplicative
-        // hash scaled to the H buckets of 4) meets no never-used entry before p.
-        const std::uint32_t mixed = static_cast<std::uint32_t>(g) * 2654435761u;
-        std::int64_t q = std::int64_t((std::uint64_t(mixed) * std::uint64_t(H)) >> 32) * 4;
-        for (; q != p; q = (q + 1) % positions) {
-          if (m[first + 2 * q] == -1) {
-            ADD_FAILURE() << "state " << s << ": the entry of host row " << g << " at " << p
-                          << " lies past a never-used entry (" << q << ") of its walk";
-            break;
-          }
-        }
-      }
-      EXPECT_EQ(live, occupied) << "state " << s << ": live map entries beside occupied slots";
-      EXPECT_GE(m[0], live) << "state " << s << ": the header counts fewer positions than are live";
-    }
-    return checked;
-  }
+  HiSparseSlotState slot_state() const { return HiSparseSlotState{slot_rows.tensor, lru.tensor}; }
 
   reference::HiSparseState state() {
     reference::HiSparseState out;

@@ -17,14 +17,8 @@
 namespace sparse_mla::testing {
 namespace {
 
-// Each test runs without a slot map (Backends) and with one (SlotMap): an
-// invalidated slot must not be found through the map either.
-class HiSparseRowsTest : public BackendTest {
- protected:
-  bool slot_map() const { return variant() == "slot_map"; }
-};
+class HiSparseRowsTest : public BackendTest {};
 SPARSE_MLA_INSTANTIATE_BACKENDS(HiSparseRowsTest);
-INSTANTIATE_TEST_SUITE_P(SlotMap, HiSparseRowsTest, ::testing::ValuesIn(backends_with("slot_map")), backend_param_name);
 
 std::vector<std::uint8_t> random_bytes(std::size_t n, std::mt19937_64& rng) {
   std::vector<std::uint8_t> v(n);
@@ -80,12 +74,7 @@ TEST_P(HiSparseRowsTest, InvalidationEmptiesTheSlotsOfRewrittenRows) {
   }
   const auto hosts_t = device_tensor(*device, *stream, hosts, {60});
   const auto owners_t = device_tensor(*device, *stream, owners, {60});
-  // With a slot map: headers 7 (a map in use); a row that loses a slot gets -1, the rest keep theirs.
-  const std::int64_t words = hisparse_slot_map_words(H);
-  std::vector<std::int32_t> map(std::size_t(states * words), 7);
-  const auto map_t = device_tensor(*device, *stream, map, {states, words});
-  invalidate_hisparse_slots(*stream, HiSparseSlotState{slots_t.tensor, lru_t.tensor, slot_map() ? map_t.tensor : Tensor{}}, H,
-                            hosts_t.tensor, owners_t.tensor);
+  invalidate_hisparse_slots(*stream, HiSparseSlotState{slots_t.tensor, lru_t.tensor}, H, hosts_t.tensor, owners_t.tensor);
   std::int32_t emptied = 0;
   for (std::size_t i = 0; i < hosts.size(); ++i) {
     if (hosts[i] < 0 || owners[i] < 0 || owners[i] >= states) continue;
@@ -93,19 +82,12 @@ TEST_P(HiSparseRowsTest, InvalidationEmptiesTheSlotsOfRewrittenRows) {
       std::int32_t& g = slot_rows[std::size_t(owners[i] * H + s)];
       if (g == hosts[i]) {
         g = -1;
-        map[std::size_t(owners[i] * words)] = -1;
         ++emptied;
       }
     }
   }
   EXPECT_GT(emptied, 0);
   EXPECT_EQ(download<std::int32_t>(*device, *stream, slots_t.buffer, slot_rows.size()), slot_rows);
-  if (slot_map()) {
-    EXPECT_EQ(download<std::int32_t>(*device, *stream, map_t.buffer, map.size()), map);
-    std::int32_t rebuilt = 0;
-    for (std::int32_t r = 0; r < states; ++r) rebuilt += map[std::size_t(r * words)] == -1 ? 1 : 0;
-    EXPECT_GT(rebuilt, 0);
-  }
 }
 
 // After a step, rows of the selection are rewritten (mirror + invalidate);
@@ -126,7 +108,7 @@ TEST_P(HiSparseRowsTest, RewrittenRowsAreReloadedNotServedStale) {
   t.hot_blocks_per_row = 4;
   t.attention_block_stride = 32;
   reference::HiSparseState state(2, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, 2, 64, 9, rng, slot_map());
+  HiSparseRig rig(*device, *stream, t, state, 2, 64, 9, rng);
   reference::HiSparseStep step;
   step.request_ids = {0, 1};
   step.state_indices = {0, 1};
@@ -148,15 +130,6 @@ TEST_P(HiSparseRowsTest, RewrittenRowsAreReloadedNotServedStale) {
   const auto owners_t = device_tensor(*device, *stream, owners, {std::int64_t(hosts.size())});
   write_hisparse_rows(*stream, fresh_t.tensor, hosts_t.tensor, rig.host_pool.tensor);
   invalidate_hisparse_slots(*stream, rig.slot_state(), t.hot_slots, hosts_t.tensor, owners_t.tensor);
-  if (slot_map()) {
-    // State row 1 lost slots: its map asks for a rebuild; row 0 lost none and keeps its map.
-    const std::int64_t words = hisparse_slot_map_words(t.hot_slots);
-    const auto map = download<std::int32_t>(*device, *stream, rig.slot_map.buffer, std::size_t(2 * words));
-    if (backend() == "host") {  // a GPU maps production rows only: this shape marks its maps -1
-      EXPECT_GE(map[0], t.top_k);
-    }
-    EXPECT_EQ(map[std::size_t(words)], -1);
-  }
   for (std::size_t i = 0; i < hosts.size(); ++i) {
     std::copy(fresh.begin() + std::ptrdiff_t(i * 64), fresh.begin() + std::ptrdiff_t((i + 1) * 64),
               rig.host_pool_bytes.begin() + std::ptrdiff_t(hosts[i]) * 64);
@@ -171,7 +144,6 @@ TEST_P(HiSparseRowsTest, RewrittenRowsAreReloadedNotServedStale) {
   EXPECT_EQ(got.hot_indices, want.hot_indices);
   EXPECT_EQ(rig.state().slot_rows, state.slot_rows);
   EXPECT_EQ(rig.state().lru, state.lru);
-  rig.expect_slot_map_matches_slots();
   // Every cached row, the five reloaded ones included, holds the host pool's bytes.
   const auto cache = rig.hot_cache_bytes();
   for (std::int32_t s = 0; s < 2; ++s) {

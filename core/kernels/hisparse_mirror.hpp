@@ -49,13 +49,8 @@ struct HiSparseInvalidate {
     const std::int32_t state = a.state_rows[n];
     if (g < 0 || state < 0 || state >= a.num_state_rows) return;
     std::int32_t* slot_rows = a.slot_rows + state * a.slot_rows_stride;
-    // The slot map no longer matches slot_rows: the next resolve rebuilds it.
-    std::int32_t* map_header = a.slot_map != nullptr ? a.slot_map + state * a.slot_map_stride : nullptr;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, a.hot_slots), [&](const std::int32_t slot) {
-      if (slot_rows[slot] == g) {
-        slot_rows[slot] = -1;
-        if (map_header != nullptr) *map_header = -1;
-      }
+      if (slot_rows[slot] == g) slot_rows[slot] = -1;
     });
   }
 };

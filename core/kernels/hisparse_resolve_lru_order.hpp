@@ -1,6 +1,7 @@
 // HiSparse swap-in (SPEC section 5) for production rows (K = 2048, H = 4096,
-// power-of-two blocks): the slots are classified in LRU order, so that one
-// team sum places every LRU position and a second numbers the misses.
+// power-of-two blocks; hisparse_resolve.hpp chooses): the slots are
+// classified in LRU order, so that one team sum places every LRU position and
+// a second numbers the misses.
 //
 // A thread owns N consecutive groups: entries 2i, 2i + 1 and LRU positions
 // 4i .. 4i + 3 of group i (N = 1 in a GPU team of 1024 threads, N = 1024 in a
@@ -16,7 +17,7 @@
 //   B. enter: write the outputs of entries that need no slot (resident,
 //      invalid); enter every other entry's host row in the set (its word
 //      keeps the first entry that selected it). Team sum: valid entries and
-//      distinct host rows.
+//      distinct host 
 //   C. classify: each LRU position's slot is a hit when the set holds its
 //      host row; the key's word takes the slot (the largest, for a state that
 //      holds a row twice). Team sum: hit slots and hit keys, ahead of each.
@@ -31,36 +32,31 @@
 
 #include <Kokkos_Core.hpp>
 
-#include "hisparse_resolve.hpp"
+#include "hisparse_resolve_common.hpp"
 
 namespace sparse_mla::kernels {
 
 namespace hisparse_lru_order {
 
-constexpr std::int32_t top_k = ProductionShape::top_k;
-constexpr std::int32_t hot_slots = ProductionShape::hot_slots;
-constexpr int entries_per_group = 2;
-constexpr int slots_per_group = 4;
-constexpr std::int32_t groups = top_k / entries_per_group;
-static_assert(groups == hot_slots / slots_per_group, "a group holds entries and LRU positions in step");
-// The set: 2K keys at most half full, in buckets of four (one 16-byte load).
-constexpr std::int32_t positions = 2 * top_k;
-constexpr std::int32_t bucket = 4;
-constexpr std::uint32_t empty_key = 0xFFFFFFFFu;
+constexpr std::int32_t top_k = hisparse::production_top_k;
+constexpr std::int32_t hot_slots = hisparse::production_hot_slots;
+constexpr std::int32_t groups = top_k / hisparse::entries_per_group;
+static_assert(groups == hot_slots / hisparse::slots_per_group, "a group holds entries and LRU positions in step");
+// The set: keys and, beside each, a word.
+constexpr std::int32_t positions = hisparse::set_positions(top_k);
+static_assert((positions & (positions - 1)) == 0, "next_bucket wraps with a mask");
 // A word: the first entry that selected the key in bits 0-15 (atomic min,
 // from no_entry), slot + 1 of a slot that holds it in bits 16-31 (atomic max).
 constexpr std::uint32_t no_entry = 0xFFFFu;
-// Hot block table entries cached in scratch (hot blocks of 16 rows or more).
-constexpr std::int32_t max_cached_hot_blocks = 256;
 
 struct Scratch {
   std::uint32_t* keys;         // [positions], 16-byte aligned
   std::uint32_t* words;        // [positions], 16-byte aligned
   std::uint32_t* totals;       // [hisparse::team_total_words]
-  std::int32_t* hot_blocks;    // [max_cached_hot_blocks]
+  std::int32_t* hot_blocks;    // [hisparse::max_cached_hot_blocks]
   std::int16_t* evicted;       // [top_k]: the e-th evictable slot in LRU order
   KOKKOS_INLINE_FUNCTION static constexpr std::size_t bytes() {
-    return 4 * (2 * static_cast<std::size_t>(positions) + hisparse::team_total_words + max_cached_hot_blocks) +
+    return 4 * (2 * static_cast<std::size_t>(positions) + hisparse::team_total_words + hisparse::max_cached_hot_blocks) +
            2 * static_cast<std::size_t>(top_k);
   }
   KOKKOS_INLINE_FUNCTION static Scratch carve(void* base) {
@@ -69,7 +65,7 @@ struct Scratch {
     s.words = s.keys + positions;
     s.totals = s.words + positions;
     s.hot_blocks = reinterpret_cast<std::int32_t*>(s.totals + hisparse::team_total_words);
-    s.evicted = reinterpret_cast<std::int16_t*>(s.hot_blocks + max_cached_hot_blocks);
+    s.evicted = reinterpret_cast<std::int16_t*>(s.hot_blocks + hisparse::max_cached_hot_blocks);
     return s;
   }
 };
@@ -80,25 +76,22 @@ struct Scratch {
 // the team scratch level (0, shared memory, on GPUs; 1 where level 0 is
 // smaller than the set, as on host spaces).
 template <class Space, int Level, int N>
-struct HiSparseResolveInLruOrder {
+struct HiSparseResolveInLruOrder : ResolveTables<SplitBy::shift> {
   using member_type = typename Kokkos::TeamPolicy<Space>::member_type;
-  using Rows = HiSparseResolve<Space, 0, ProductionShape>;  // the table, output and hot-row helpers
-  static constexpr int E = hisparse_lru_order::entries_per_group;
-  static constexpr int S = hisparse_lru_order::slots_per_group;
+  static constexpr int E = hisparse::entries_per_group;
+  static constexpr int S = hisparse::slots_per_group;
   static constexpr std::int32_t K = hisparse_lru_order::top_k;
   static constexpr std::int32_t H = hisparse_lru_order::hot_slots;
   static constexpr std::int32_t threads = hisparse_lru_order::groups / N;
-  Rows rows;
-
-  KOKKOS_INLINE_FUNCTION const HiSparseResolveArgs& args() const { return rows.a; }
+  static constexpr std::int32_t bucket = hisparse::bucket;
+  static constexpr std::uint32_t empty_key = hisparse::empty_word;
 
   KOKKOS_INLINE_FUNCTION static std::int32_t first_bucket(std::uint32_t key) {
-    using namespace hisparse_lru_order;
+    using hisparse_lru_order::positions;
     return hisparse::hash_position(static_cast<std::int32_t>(key), positions / bucket) * bucket;
   }
   KOKKOS_INLINE_FUNCTION static std::int32_t next_bucket(std::int32_t b) {
-    using namespace hisparse_lru_order;
-    return (b + bucket) & (positions - 1);
+    return (b + bucket) & (hisparse_lru_order::positions - 1);
   }
 
   // Enters host row g >= 0 (entry j) and returns its position; `added` counts
@@ -169,7 +162,6 @@ struct HiSparseResolveInLruOrder {
                                    const std::int16_t* lru, bool padding, Owned& o,
                                    std::int32_t (&resident)[N][E]) const {
     using namespace hisparse_lru_order;
-    const HiSparseResolveArgs& a = args();
     const std::int32_t first = team.team_rank() * N;
     const std::int32_t* in = a.logical + row * a.logical_stride;
     std::int32_t tok[N][E];
@@ -179,12 +171,12 @@ struct HiSparseResolveInLruOrder {
     for (int n = 0; n < N; ++n) {
       for (int u = 0; u < S; ++u) o.slot[n][u] = padding ? std::int16_t{0} : lru[(first + n) * S + u];
     }
-    const std::int32_t* source_table = rows.source_table_row(request);
-    const std::int32_t* resident_table = rows.resident_table_row(request);
+    const std::int32_t* source_table = source_table_row(request);
+    const std::int32_t* resident_table = resident_table_row(request);
     for (int n = 0; n < N; ++n) {
       for (int u = 0; u < E; ++u) {
-        o.g[n][u] = source_table != nullptr ? rows.source_block(source_table, tok[n][u]) : -1;
-        resident[n][u] = resident_table != nullptr ? rows.resident_block(resident_table, tok[n][u]) : -1;
+        o.g[n][u] = source_table != nullptr ? source_block(source_table, tok[n][u]) : -1;
+        resident[n][u] = resident_table != nullptr ? resident_block(resident_table, tok[n][u]) : -1;
       }
     }
     for (int n = 0; n < N; ++n) {
@@ -200,12 +192,12 @@ struct HiSparseResolveInLruOrder {
     }
     const std::int32_t* hot_table = a.hot_block_table + hot_table_row * a.hot_table_stride;
     // Blocks of the H hot slots, rounded up (a block may be larger than H).
-    const std::int32_t cached = padding ? 0 : (H + (std::int32_t{1} << rows.hot_split.shift) - 1) >> rows.hot_split.shift;
+    const std::int32_t cached = padding ? 0 : (H + (std::int32_t{1} << hot_split.shift) - 1) >> hot_split.shift;
     for (std::int32_t b = team.team_rank(); b < cached; b += threads) s.hot_blocks[b] = hot_table[b];
     for (int n = 0; n < N; ++n) {
       for (int u = 0; u < E; ++u) {
-        o.g[n][u] = rows.host_row(o.g[n][u], tok[n][u]);
-        resident[n][u] = rows.resident_row(resident[n][u], tok[n][u]);
+        o.g[n][u] = host_row(o.g[n][u], tok[n][u]);
+        resident[n][u] = resident_row(resident[n][u], tok[n][u]);
       }
     }
   }
@@ -215,7 +207,6 @@ struct HiSparseResolveInLruOrder {
   KOKKOS_INLINE_FUNCTION std::uint32_t enter_entries(const member_type& team, const hisparse_lru_order::Scratch& s,
                                                      std::int64_t row, Owned& o,
                                                      const std::int32_t (&resident)[N][E]) const {
-    const HiSparseResolveArgs& a = args();
     const std::int32_t first = team.team_rank() * N;
     std::uint32_t valid = 0, added = 0;
     for (int n = 0; n < N; ++n) {
@@ -229,12 +220,12 @@ struct HiSparseResolveInLruOrder {
         if (pending) {
           o.at[n][u] = enter(s, static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(j), added);
         } else {
-          rows.store(row, j, resident[n][u]);
+          store(row, j, resident[n][u]);
           if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 0;
         }
       }
     }
-    return valid + added * Rows::high_count;
+    return valid + added * hisparse::high_count;
   }
 
   // Step C. Returns hit slots in the low half, keys first found in the high;
@@ -252,7 +243,7 @@ struct HiSparseResolveInLruOrder {
         const std::uint32_t slot_word = ((static_cast<std::uint32_t>(o.slot[n][u]) + 1u) << 16) | 0xFFFFu;
         const std::uint32_t old = device::atomic_max(s.words + at[u], slot_word);
         hit[n] |= 1u << u;
-        counts += 1u + ((old >> 16) == 0 ? Rows::high_count : 0u);
+        counts += 1u + ((old >> 16) == 0 ? hisparse::high_count : 0u);
       }
     }
     return counts;
@@ -287,7 +278,6 @@ struct HiSparseResolveInLruOrder {
   // former and bit E + u for the latter.
   KOKKOS_INLINE_FUNCTION std::uint32_t write_hits(const member_type& team, const hisparse_lru_order::Scratch& s,
                                                   std::int64_t row, const Owned& o, std::uint32_t (&missing)[N]) const {
-    const HiSparseResolveArgs& a = args();
     const std::int32_t first = team.team_rank() * N;
     std::uint32_t counts = 0;
     for (int n = 0; n < N; ++n) {
@@ -297,14 +287,14 @@ struct HiSparseResolveInLruOrder {
         const std::int32_t j = (first + n) * E + u;
         const std::uint32_t w = s.words[o.at[n][u]];
         if ((w >> 16) != 0) {
-          rows.store(row, j, hot_row(s, static_cast<std::int32_t>(w >> 16) - 1));
+          store(row, j, hot_row(s, static_cast<std::int32_t>(w >> 16) - 1));
           if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 0;
         } else if ((w & 0xFFFFu) == static_cast<std::uint32_t>(j)) {
           missing[n] |= 1u << u;
           counts += 1u;
         } else {
           missing[n] |= 1u << (E + u);
-          counts += Rows::high_count;
+          counts += hisparse::high_count;
         }
       }
     }
@@ -318,7 +308,6 @@ struct HiSparseResolveInLruOrder {
                                            std::int64_t row, const Owned& o, const std::uint32_t (&missing)[N],
                                            std::int32_t m, std::int32_t evictable, std::int32_t* slot_rows,
                                            bool repeated) const {
-    const HiSparseResolveArgs& a = args();
     const std::int32_t first = team.team_rank() * N;
     for (int n = 0; n < N; ++n) {
       for (int u = 0; u < E; ++u) {
@@ -327,7 +316,7 @@ struct HiSparseResolveInLruOrder {
         // m < evictable unless slot_rows held rows many times over.
         const std::int32_t slot = m < evictable ? s.evicted[m] : -1;
         const std::int32_t x = slot < 0 ? -1 : hot_row(s, slot);
-        rows.store(row, j, x);
+        store(row, j, x);
         if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 1;
         if (slot >= 0) slot_rows[slot] = o.g[n][u];
         a.swap_host_rows[row * a.out_stride + m] = o.g[n][u];
@@ -341,26 +330,24 @@ struct HiSparseResolveInLruOrder {
   // Step E, after a barrier: the entries that repeat a missing key.
   KOKKOS_INLINE_FUNCTION void write_repeats(const member_type& team, const hisparse_lru_order::Scratch& s,
                                             std::int64_t row, const Owned& o, const std::uint32_t (&missing)[N]) const {
-    const HiSparseResolveArgs& a = args();
     const std::int32_t first = team.team_rank() * N;
     for (int n = 0; n < N; ++n) {
       for (int u = 0; u < E; ++u) {
         if (((missing[n] >> (E + u)) & 1u) == 0) continue;
         const std::int32_t j = (first + n) * E + u;
         const std::uint32_t w = s.words[o.at[n][u]];
-        rows.store(row, j, (w >> 16) == 0 ? -1 : hot_row(s, static_cast<std::int32_t>(w >> 16) - 1));
+        store(row, j, (w >> 16) == 0 ? -1 : hot_row(s, static_cast<std::int32_t>(w >> 16) - 1));
         if (a.miss_mask != nullptr) a.miss_mask[row * a.out_stride + j] = 0;
       }
     }
   }
 
   KOKKOS_INLINE_FUNCTION std::int32_t hot_row(const hisparse_lru_order::Scratch& s, std::int32_t slot) const {
-    const std::int32_t b = rows.hot_split.block(slot);
-    return (s.hot_blocks[b] << rows.hot_split.shift) + rows.hot_split.offset(slot);
+    const std::int32_t b = hot_split.block(slot);
+    return (s.hot_blocks[b] << hot_split.shift) + hot_split.offset(slot);
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
-    const HiSparseResolveArgs& a = args();
     const std::int64_t row = team.league_rank();
     const std::int32_t state = a.request_state_indices != nullptr ? a.request_state_indices[row]
                                                                   : static_cast<std::int32_t>(row);
@@ -386,8 +373,6 @@ struct HiSparseResolveInLruOrder {
       if (a.valid_counts != nullptr && team.team_rank() == 0) {
         a.valid_counts[row] = static_cast<std::int32_t>(entered & 0xFFFFu);
       }
-      // The map of the state is not kept by this kernel: mark it for a rebuild.
-      if (a.slot_map != nullptr && !padding && team.team_rank() == 0) rows.slot_map(state_row).header[0] = -1;
       if ((entered >> 16) == 0) {
         // Nothing consults the hot slots (or a padding row): the LRU stays as it is.
         if (team.team_rank() == 0) a.swap_counts[row] = 0;
@@ -422,17 +407,11 @@ struct HiSparseResolveInLruOrder {
   }
 };
 
-// Whether a launch can take HiSparseResolveInLruOrder: production rows
-// without a slot map (the kernel does not keep one), whose block sizes are
-// powers of two and whose hot blocks hold 16 rows or more.
-inline bool resolves_in_lru_order(const HiSparseResolveArgs& a) {
-  const auto power_of_two = [](std::int32_t n) { return exact_log2(n) >= 0; };
-  return a.slot_map == nullptr && a.top_k == hisparse_lru_order::top_k && a.hot_slots == hisparse_lru_order::hot_slots &&
-         power_of_two(a.source_block_size) && power_of_two(a.hot_block_size) &&
-         (a.resident_block_table == nullptr || power_of_two(a.resident_block_size)) &&
-         hisparse::groups(a.hot_slots, a.hot_block_size) <= hisparse_lru_order::max_cached_hot_blocks;
-}
+// Team scratch of one row; + 16: room to align the set.
+constexpr std::size_t resolve_hisparse_in_lru_order_scratch_bytes = hisparse_lru_order::Scratch::bytes() + 16;
 
+// A team's threads own whole groups (one each on a GPU, all of them on the
+// host); Level: the team scratch level.
 template <class Space, int Level>
 void resolve_hisparse_in_lru_order(const Space& space, const HiSparseResolveArgs& a) {
   constexpr int team = row_team_size<Space>(hisparse::team_threads);
@@ -440,32 +419,9 @@ void resolve_hisparse_in_lru_order(const Space& space, const HiSparseResolveArgs
   static_assert(N * team == hisparse_lru_order::groups, "a team's threads own whole groups");
   using policy_type = Kokkos::TeamPolicy<Space, Kokkos::LaunchBounds<hisparse::team_threads, 1>>;
   policy_type policy(space, static_cast<int>(a.num_rows), team);
-  policy.set_scratch_size(Level, Kokkos::PerTeam(hisparse_lru_order::Scratch::bytes() + 16));
-  const auto source = BlockSplit<SplitBy::shift>::of(a.source_block_size);
-  const auto resident = BlockSplit<SplitBy::shift>::of(a.resident_block_size);
-  const auto hot = BlockSplit<SplitBy::shift>::of(a.hot_block_size);
-  using Kernel = HiSparseResolveInLruOrder<Space, Level, N>;
+  policy.set_scratch_size(Level, Kokkos::PerTeam(resolve_hisparse_in_lru_order_scratch_bytes));
   Kokkos::parallel_for("sparse_mla::resolve_hisparse_in_lru_order", policy,
-                       Kernel{typename Kernel::Rows{a, 0, source, resident, hot}});
-}
-
-// The resolve of a launch: production rows without a slot map in LRU order
-// (level-0 scratch where it holds the set, else level 1 on host spaces),
-// every other launch as resolve_hisparse() takes it.
-template <class Space>
-void resolve_hisparse_rows(const Space& space, const HiSparseResolveArgs& a) {
-  if (a.num_rows == 0) return;
-  if (resolves_in_lru_order(a)) {
-    if (hisparse_lru_order::Scratch::bytes() + 16 <= static_cast<std::size_t>(Kokkos::TeamPolicy<Space>::scratch_size_max(0))) {
-      resolve_hisparse_in_lru_order<Space, 0>(space, a);
-      return;
-    }
-    if constexpr (is_host_space<Space>) {
-      resolve_hisparse_in_lru_order<Space, 1>(space, a);
-      return;
-    }
-  }
-  resolve_hisparse(space, a);
+                       HiSparseResolveInLruOrder<Space, Level, N>{ResolveTables<SplitBy::shift>::of(a)});
 }
 
 }  // namespace sparse_mla::kernels

@@ -156,8 +156,6 @@ struct HiSparseResolveArgs {
   std::int64_t slot_rows_stride;
   std::int16_t* lru;
   std::int64_t lru_stride;
-  std::int32_t* slot_map;  // the state's slot map (hisparse_slot_map_words layout), or nullptr
-  std::int64_t slot_map_stride;
   std::int32_t num_state_rows;  // a state index outside [0, num_state_rows) is treated as padding
   // Outputs, [num_rows, top_k] with row stride out_stride unless noted.
   std::int32_t* hot_indices;
@@ -292,8 +290,6 @@ struct HiSparseWriteRowsArgs {
 struct HiSparseInvalidateArgs {
   std::int32_t* slot_rows;  // [num_state_rows, >= hot_slots]
   std::int64_t slot_rows_stride;
-  std::int32_t* slot_map;  // or nullptr: a row that loses a slot gets -1 in its first word
-  std::int64_t slot_map_stride;
   std::int32_t hot_slots;
   std::int32_t num_state_rows;
   const std::int32_t* host_row_ids;  // [num_rows]
@@ -378,7 +374,7 @@ class Kernels {
   // Binds an execution-space instance to the stream (its kernel context).
   virtual void bind(Stream& stream) const = 0;
 
-  // data[0 .. count) = value: poisoning outputs, clearing slot maps.
+  // data[0 .. count) = value: poisoning outputs, resetting tables.
   virtual void fill_i32(Stream& stream, const FillI32Args& args) const = 0;
   // Grows the stream's team scratch to `bytes` per team now, so that no
   // launch of a step grows it (core/kernels/team_scratch.hpp).

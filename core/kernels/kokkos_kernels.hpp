@@ -13,7 +13,6 @@
 #include "hisparse_mirror.hpp"
 #include "hisparse_plan.hpp"
 #include "hisparse_resolve.hpp"
-#include "hisparse_resolve_lru_order.hpp"
 #include "hisparse_stage.hpp"
 #include "hisparse_union.hpp"
 #include "team_scratch.hpp"
@@ -52,7 +51,7 @@ class KokkosKernels final : public Kernels {
     Exec::launch(stream, [a](const space& s) { kernels::gather_upconvert_fp8(s, a); });
   }
   void resolve_hisparse(Stream& stream, const HiSparseResolveArgs& a) const override {
-    Exec::launch(stream, [a](const space& s) { kernels::resolve_hisparse_rows(s, a); });
+    Exec::launch(stream, [a](const space& s) { kernels::resolve_hisparse(s, a); });
   }
   void union_hisparse_requests(Stream& stream, const HiSparseUnionArgs& a) const override {
     Exec::launch(stream, [a](const space& s) { kernels::union_hisparse_requests(s, a); });

@@ -44,9 +44,6 @@ HiSparseConfig resolve_hisparse_config(const HiSparseConfig& config, std::int64_
   }
   if (r.hot_slots > max_hot_slots) fail(where, "hot_slots H = ", r.hot_slots, " exceeds ", max_hot_slots, " (slot ids are int16)");
   if (r.max_requests < 1) fail(where, "max_requests must be positive, got ", r.max_requests);
-  if (!r.slot_map && r.state.slot_map.defined()) {
-    fail(where, "slot_map is false, but state.slot_map gives the group a map: set slot_map true to use it, or give no map");
-  }
   if (r.block_size < 1) fail(where, "block_size must be positive, got ", r.block_size);
   if (r.attention_block_stride == 0) r.attention_block_stride = r.block_size;
   if (r.attention_block_stride < r.block_size) {

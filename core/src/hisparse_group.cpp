@@ -138,16 +138,6 @@ void HiSparseMLAIndexGroup::allocate_state() {
   } else {
     lru_ = upload(stream, lru, {S, H});
   }
-  // The slot map goes with slot_rows: the group's own, or the engine's if it gave one.
-  const std::int64_t map_words = hisparse_slot_map_words(config_.hot_slots);
-  if (engine.slot_map.defined()) {
-    check(where, "config.state.slot_map", engine.slot_map).dtype(DType::i32).rank(2).dim(0, S, "max_requests")
-        .dim(1, map_words, "hisparse_slot_map_words(hot_slots)").contiguous().kind(MemoryKind::device).on(dev);
-    fill_i32(stream, engine.slot_map, -1);
-  } else if (!engine.slot_rows.defined() && config_.slot_map) {
-    slot_map_ = OwnedTensor(dev, DType::i32, {S, map_words});
-    fill_i32(stream, slot_map_, -1);
-  }
   if (engine.hot_block_table.defined()) {
     check(where, "config.state.hot_block_table", engine.hot_block_table).dtype(DType::i32).rank(2)
         .dim(0, S, "max_requests").dim(1, hot_blocks_per_state_, "hot blocks per state (ceil(H / block_size))")
@@ -181,7 +171,6 @@ void HiSparseMLAIndexGroup::allocate_union_workspace() {
 }
 
 const Tensor& HiSparseMLAIndexGroup::slot_rows() const { return config_.state.slot_rows.defined() ? config_.state.slot_rows : slot_rows_.tensor(); }
-const Tensor& HiSparseMLAIndexGroup::slot_map() const { return config_.state.slot_map.defined() ? config_.state.slot_map : slot_map_.tensor(); }
 const Tensor& HiSparseMLAIndexGroup::lru() const { return config_.state.lru.defined() ? config_.state.lru : lru_.tensor(); }
 const Tensor& HiSparseMLAIndexGroup::hot_block_table() const {
   return config_.state.hot_block_table.defined() ? config_.state.hot_block_table : hot_block_table_.tensor();
@@ -224,7 +213,7 @@ void HiSparseMLAIndexGroup::check_decode_step(const StepCall& call) const {
   if (call.batch.hisparse == nullptr) fail(w, "batch.hisparse is null: a HiSparse group needs the step's state rows");
   if (caches_.empty()) fail(w, "the group has no layers");
   const ResolveCall r = resolve_call(call);
-  check_resolve_hisparse(device(), r.in, HiSparseSlotState{slot_rows(), lru(), slot_map()}, config_.hot_slots, r.out);
+  check_resolve_hisparse(device(), r.in, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, r.out);
   if (config_.max_rows_per_request > 1) {
     // The pass before the union resolve reads the batch rows' state rows; the
     // batch-row checks above cover the rest of what it and the scatter read.
@@ -233,7 +222,7 @@ void HiSparseMLAIndexGroup::check_decode_step(const StepCall& call) const {
            config_.max_rows_per_request, " a request's rows are found by their state rows");
     }
     const ResolveCall u = union_resolve_call(call);
-    check_resolve_hisparse(device(), u.in, HiSparseSlotState{slot_rows(), lru(), slot_map()}, config_.hot_slots, u.out);
+    check_resolve_hisparse(device(), u.in, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, u.out);
   }
 }
 
@@ -242,7 +231,7 @@ void HiSparseMLAIndexGroup::queue_conversion(Stream& side, const StepCall& call)
     queue_union_resolve(side, call);
   } else {
     const ResolveCall r = resolve_call(call);
-    resolve_hisparse(side, r.in, HiSparseSlotState{slot_rows(), lru(), slot_map()}, config_.hot_slots, r.out);
+    resolve_hisparse(side, r.in, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, r.out);
   }
   ++resolves_;
 }
@@ -275,7 +264,7 @@ void HiSparseMLAIndexGroup::queue_union_resolve(Stream& side, const StepCall& ca
   kernels.union_hisparse_requests(side, u);
 
   const ResolveCall union_rows = union_resolve_call(call);
-  resolve_hisparse(side, union_rows.in, HiSparseSlotState{slot_rows(), lru(), slot_map()}, config_.hot_slots, union_rows.out);
+  resolve_hisparse(side, union_rows.in, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, union_rows.out);
 
   const ResolveCall rows = resolve_call(call);
   HiSparseUnionScatterArgs s{};
@@ -349,7 +338,7 @@ void HiSparseMLAIndexGroup::write_rows(int layer_index, Stream& compute, const T
 }
 
 void HiSparseMLAIndexGroup::invalidate_rows(Stream& compute, const Tensor& host_row_ids, const Tensor& state_rows) {
-  invalidate_hisparse_slots(compute, HiSparseSlotState{slot_rows(), lru(), slot_map()}, config_.hot_slots, host_row_ids, state_rows);
+  invalidate_hisparse_slots(compute, HiSparseSlotState{slot_rows(), lru()}, config_.hot_slots, host_row_ids, state_rows);
 }
 
 std::uint64_t HiSparseMLAIndexGroup::bytes_per_miss() const {
@@ -378,7 +367,7 @@ HiSparseFootprint HiSparseMLAIndexGroup::footprint() const {
     total.host_bytes += layer->footprint().host_bytes;
     total.device_bytes += layer->footprint().device_bytes;
   }
-  for (const OwnedTensor* t : {&slot_rows_, &lru_, &slot_map_, &hot_block_table_, &hot_indices_, &miss_mask_, &swap_host_rows_,
+  for (const OwnedTensor* t : {&slot_rows_, &lru_, &hot_block_table_, &hot_indices_, &miss_mask_, &swap_host_rows_,
                                &swap_device_rows_, &swap_counts_, &counters_}) {
     total.device_bytes += t->buffer().bytes();
   }

@@ -34,14 +34,6 @@ void check_state(const char* where, const HiSparseSlotState& state, std::int32_t
   check(where, "lru", state.lru).dtype(DType::i16).rank(2).rows_contiguous().dim(1, H, "hot_slots")
       .dim(0, state.slot_rows.dim(0), "state rows of slot_rows").on(device);
   if (state.lru.dim(0) > int32_max) fail(where, "lru has ", state.lru.dim(0), " state rows, more than 2^31 - 1");
-  if (state.slot_map.defined()) {
-    check(where, "slot_map", state.slot_map).dtype(DType::i32).rank(2).contiguous()
-        .dim(0, state.slot_rows.dim(0), "state rows of slot_rows").dim(1, hisparse_slot_map_words(H), "hisparse_slot_map_words(hot_slots)")
-        .on(device);
-    if (!aligned16(state.slot_map.data())) {
-      fail(where, "slot_map must start on a 16-byte boundary (its entries are read 16 bytes at a time)");
-    }
-  }
 }
 
 void check_outputs(const char* where, const HiSparseResolveOutputs& out, std::int64_t T, std::int64_t K, const Device& device) {
@@ -157,8 +149,6 @@ void resolve_hisparse(Stream& stream, const HiSparseResolveInputs& in, const HiS
   a.slot_rows_stride = state.slot_rows.stride(0);
   a.lru = state.lru.data_as<std::int16_t>();
   a.lru_stride = state.lru.stride(0);
-  a.slot_map = data_or_null<std::int32_t>(state.slot_map);
-  a.slot_map_stride = state.slot_map.defined() ? state.slot_map.stride(0) : 0;
   a.num_state_rows = static_cast<std::int32_t>(state.lru.dim(0));
   a.hot_indices = out.hot_indices.data_as<std::int32_t>();
   a.attention_indices = data_or_null<std::int32_t>(out.attention_indices);
@@ -292,8 +282,6 @@ void invalidate_hisparse_slots(Stream& stream, const HiSparseSlotState& state, s
   HiSparseInvalidateArgs a{};
   a.slot_rows = state.slot_rows.data_as<std::int32_t>();
   a.slot_rows_stride = state.slot_rows.stride(0);
-  a.slot_map = data_or_null<std::int32_t>(state.slot_map);
-  a.slot_map_stride = state.slot_map.defined() ? state.slot_map.stride(0) : 0;
   a.hot_slots = hot_slots;
   a.num_state_rows = static_cast<std::int32_t>(state.lru.dim(0));
   a.host_row_ids = host_row_ids.data_as<std::int32_t>();

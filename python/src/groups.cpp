@@ -151,7 +151,7 @@ void read_batch(const py::object& md, DeviceHandle& device, Stream& stream, Batc
 // ---- register_layer's configuration ----
 
 // hisparse=dict(...) as a HiSparseConfig; state=dict(slot_rows=, lru=,
-// hot_block_table=, slot_map=) gives engine-owned slot state, kept with the group.
+// hot_block_table=) gives engine-owned slot state, kept with the group.
 HiSparseConfig hisparse_config(const py::dict& d, DeviceHandle& device, Stream& stream,
                                std::vector<std::shared_ptr<void>>& keep) {
   HiSparseConfig c;
@@ -167,7 +167,6 @@ HiSparseConfig hisparse_config(const py::dict& d, DeviceHandle& device, Stream& 
     else if (key == "block_size") c.block_size = value.cast<std::int32_t>();
     else if (key == "attention_block_stride") c.attention_block_stride = value.cast<std::int64_t>();
     else if (key == "max_rows_per_request") c.max_rows_per_request = value.cast<std::int32_t>();
-    else if (key == "slot_map") c.slot_map = value.cast<bool>();
     else if (key == "state") {
       const py::dict state = value.cast<py::dict>();
       for (const auto& s : state) {
@@ -175,10 +174,9 @@ HiSparseConfig hisparse_config(const py::dict& d, DeviceHandle& device, Stream& 
         Tensor* target = name == "slot_rows" ? &c.state.slot_rows
                          : name == "lru"     ? &c.state.lru
                          : name == "hot_block_table" ? &c.state.hot_block_table
-                         : name == "slot_map"        ? &c.state.slot_map
                                                      : nullptr;
         if (target == nullptr) {
-          throw py::value_error("hisparse['state'] has no field '" + name + "' (slot_rows, lru, hot_block_table, slot_map)");
+          throw py::value_error("hisparse['state'] has no field '" + name + "' (slot_rows, lru, hot_block_table)");
         }
         const std::string arg = "hisparse['state']['" + name + "']";
         TensorArg t = import_tensor(s.second, arg.c_str(), device, stream);
@@ -187,7 +185,7 @@ HiSparseConfig hisparse_config(const py::dict& d, DeviceHandle& device, Stream& 
       }
     } else {
       throw py::value_error("hisparse has no field '" + key + "' (top_k, hot_slots, host_pool_rows, max_requests, "
-                            "max_tokens_per_request, row_bytes, block_size, attention_block_stride, max_rows_per_request, slot_map, state)");
+                            "max_tokens_per_request, row_bytes, block_size, attention_block_stride, max_rows_per_request, state)");
     }
   }
   return c;
@@ -425,9 +423,6 @@ py::dict footprint(const PyHiSparseGroup& g) {
 }  // namespace
 
 void register_groups(py::module_& m) {
-  m.def("hisparse_slot_map_words", &hisparse_slot_map_words, py::arg("hot_slots"),
-        "int32 words per state row of a HiSparse slot map (hisparse state=dict(slot_map=...): "
-        "[max_requests, this], filled with -1 by the group).");
   py::class_<PyBuilder>(m, "SparseMLAIndexGroupBuilder", R"(Assigns sparse MLA layers to their index-producing
 layer (SPEC section 4): a new group at every index-producing layer.)")
       .def(py::init<const py::object&, const py::object&, const py::object&>(), py::arg("logical_topk_indices"),
@@ -438,8 +433,8 @@ max_decode_rows None means max_tokens. device None: the buffer's (CPU memory: th
            py::arg("head_size") = py::none(), py::arg("kv_cache_dtype") = py::none(), py::arg("hisparse") = py::none(),
            py::arg("hisparse_storage") = py::none(),
            R"(Returns (group, layer_index). hisparse=dict(HiSparseConfig fields: top_k, hot_slots, host_pool_rows,
-max_requests, max_tokens_per_request, row_bytes, block_size, attention_block_stride, max_rows_per_request, slot_map,
-state=dict(slot_rows, lru, hot_block_table, slot_map)) makes the builder create HiSparse groups; hisparse_storage=dict(host_pool, hot_cache) binds the
+max_requests, max_tokens_per_request, row_bytes, block_size, attention_block_stride, max_rows_per_request,
+state=dict(slot_rows, lru, hot_block_table)) makes the builder create HiSparse groups; hisparse_storage=dict(host_pool, hot_cache) binds the
 layer's caches to engine memory.)")
       .def_property_readonly("logical_topk_indices", &PyBuilder::logical_topk_indices)
       .def_property_readonly("max_decode_rows", &PyBuilder::max_decode_rows)
@@ -522,10 +517,6 @@ out / valid_counts_out when given (returned), else new buffers. Returns physical
         return events;
       })
       .def_property_readonly("slot_rows", [](const PyHiSparseGroup& g) { return g.view(g.hisparse().slot_rows()); })
-      .def_property_readonly("slot_map", [](const PyHiSparseGroup& g) -> py::object {
-        const Tensor& map = g.hisparse().slot_map();
-        return map.defined() ? py::cast(g.view(map)) : py::none();
-      })
       .def_property_readonly("lru", [](const PyHiSparseGroup& g) { return g.view(g.hisparse().lru()); })
       .def_property_readonly("hot_block_table", [](const PyHiSparseGroup& g) { return g.view(g.hisparse().hot_block_table()); })
       .def_property_readonly("hot_indices", [](const PyHiSparseGroup& g) { return g.view(g.hisparse().hot_indices()); })

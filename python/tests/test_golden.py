@@ -94,12 +94,9 @@ def test_v4_golden_cases_upconvert_exactly_as_a_workspace_gather(arrays, stem):
     np.testing.assert_array_equal(arrays.bits(dst), want)
 
 
-# state: the slot state the group keeps, with its slot map ("group") or without
-# (hisparse slot_map=False, "group-no-map"), or the engine's own slot_rows and
-# lru, with a slot map ("engine") or without one ("engine-no-map"), which the
-# group resets. (h1 is not the production shape: on a GPU its rows search
-# the slots either way; the map's own results are the C++ SlotMap tests'.)
-@pytest.mark.parametrize("state_owner", ["group", "group-no-map", "engine", "engine-no-map"])
+# state: the slot state the group keeps ("group"), or the engine's own
+# slot_rows and lru ("engine"), which the group resets.
+@pytest.mark.parametrize("state_owner", ["group", "engine"])
 def test_the_hisparse_golden_sequence_replays_exactly_through_a_group(arrays, state_owner):
     t, meta = read_case("h1_hisparse_6steps")
     B, K, H, bs = meta["batch_rows"], meta["top_k"], meta["hot_size"], meta["hot_block_size"]
@@ -109,23 +106,17 @@ def test_the_hisparse_golden_sequence_replays_exactly_through_a_group(arrays, st
     # state row, never used, makes the group's hot cache hold block 8.
     hot_by_state = arrays(np.vstack([t["hot_block_table_by_state"], [[0, 9]]]).astype(np.int32))
     state = dict(hot_block_table=hot_by_state)
-    if state_owner.startswith("engine"):
+    if state_owner == "engine":
         if arrays.host:
             pytest.skip("engine-owned slot state must be device memory; NumPy arrays are host memory "
-                        "(tests/engine_test.cpp gives the host backend's group an engine-owned slot map)")
+                        "(tests/engine_test.cpp gives the host backend's group engine-owned slot state)")
         state.update(slot_rows=arrays(np.full((states + 1, H), 7, np.int32)),
                      lru=arrays(np.zeros((states + 1, H), np.int16)))
-        if state_owner == "engine":
-            state.update(slot_map=arrays(np.full((states + 1, sparse_mla.hisparse_slot_map_words(H)), 7, np.int32)))
     logical = arrays.poisoned((B, K))
     builder = sparse_mla.SparseMLAIndexGroupBuilder(logical, B)
     group, layer = builder.register_layer(True, kv_cache_dtype="fp8_ds_mla", hisparse=dict(
         top_k=K, hot_slots=H, host_pool_rows=meta["host_rows"], max_requests=states + 1, block_size=bs,
-        attention_block_stride=meta["attention_block_stride"], slot_map=state_owner != "group-no-map", state=state))
-    if state_owner.endswith("no-map"):
-        assert group.slot_map is None
-    else:
-        assert (arrays.numpy(group.slot_map) == -1).all()  # reset by the group
+        attention_block_stride=meta["attention_block_stride"], state=state))
     np.asarray(group.cache(layer).host_pool)[:] = t["host_cache"]
     hot = group.cache(layer).hot_cache  # [blocks, 64, 656], blocks attention_block_stride rows apart
     arrays.fill(hot, 0xEE)

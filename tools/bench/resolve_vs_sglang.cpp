@@ -516,8 +516,8 @@ std::string compare_cache(const sparse_mla::Buffer& cache, const Expected& e) {
 
 class Library {
  public:
-  Library(sparse_mla::Device& device, const Inputs& in, bool with_pool, const sparse_mla::Buffer* pool, bool with_map)
-      : in_(in), with_pool_(with_pool), with_map_(with_map), pool_(pool) {
+  Library(sparse_mla::Device& device, const Inputs& in, bool with_pool, const sparse_mla::Buffer* pool)
+      : in_(in), with_pool_(with_pool), pool_(pool) {
     using sparse_mla::DType;
     using sparse_mla::MemoryKind;
     using sparse_mla::Tensor;
@@ -541,11 +541,7 @@ class Library {
     swap_counts_ = alloc(static_cast<size_t>(rows) * 4);
     counters_ = alloc(16);
     if (with_pool_) cache_ = alloc(static_cast<size_t>(in.hot_cache_rows()) * row_bytes);
-    // With a slot map (HiSparseConfig::slot_map), or without one.
-    map_words_ = sparse_mla::hisparse_slot_map_words(H);
-    if (with_map_) slot_map_ = alloc(static_cast<size_t>(rows * map_words_) * 4);
-    state_ = {Tensor::of(slot_rows_, DType::i32, {rows, H}), Tensor::of(lru_, DType::i16, {rows, H}),
-              with_map_ ? Tensor::of(slot_map_, DType::i32, {rows, map_words_}) : Tensor{}};
+    state_ = {Tensor::of(slot_rows_, DType::i32, {rows, H}), Tensor::of(lru_, DType::i16, {rows, H})};
     const Tensor all_logical = Tensor::of(logical_, DType::i32, {sets * rows, K});
     for (int s = 0; s < in.sets; ++s) {
       sparse_mla::HiSparseResolveInputs r;
@@ -570,7 +566,6 @@ class Library {
     sparse_mla::reference::HiSparseState empty(in_.rows, H);
     upload(slot_rows_, empty.slot_rows);
     upload(lru_, empty.lru);
-    if (with_map_) upload(slot_map_, std::vector<int32_t>(static_cast<size_t>(in_.rows * map_words_), -1));
     upload(counters_, std::vector<int64_t>(2, 0));
   }
   std::vector<int32_t> misses() const { return download<int32_t>(swap_counts_, static_cast<size_t>(in_.rows)); }
@@ -602,11 +597,10 @@ class Library {
 
  private:
   const Inputs& in_;
-  bool with_pool_, with_map_;
+  bool with_pool_;
   const sparse_mla::Buffer* pool_;
-  sparse_mla::Buffer logical_, source_, hot_table_, ids_, slot_rows_, lru_, slot_map_, hot_, swap_host_, swap_device_,
-      swap_counts_, counters_, cache_;
-  std::int64_t map_words_ = 0;
+  sparse_mla::Buffer logical_, source_, hot_table_, ids_, slot_rows_, lru_, hot_, swap_host_, swap_device_, swap_counts_,
+      counters_, cache_;
   sparse_mla::HiSparseSlotState state_;
   std::vector<sparse_mla::HiSparseResolveInputs> inputs_;
   sparse_mla::HiSparseResolveOutputs outputs_;
@@ -754,11 +748,8 @@ int main() {
           for (int w = 0; w < row_bytes / 8; ++w) words[g * (row_bytes / 8) + w] = pool_word(g, w);
         }
       }
-      Library ours(*device, in, io, io ? &pool : nullptr, true);
-      ok &= run("sparse-mla, slot map", c.what, ours, in, e, stream, [&](int s) { ours.launch(*library_stream, s); });
-      Library ours_no_map(*device, in, io, io ? &pool : nullptr, false);
-      ok &= run("sparse-mla, no map", c.what, ours_no_map, in, e, stream,
-                [&](int s) { ours_no_map.launch(*library_stream, s); });
+      Library ours(*device, in, io, io ? &pool : nullptr);
+      ok &= run("sparse-mla", c.what, ours, in, e, stream, [&](int s) { ours.launch(*library_stream, s); });
       if (io) {
         SGLang<1024, false> theirs(*device, in, &pool);
         ok &= run("sglang, 1024 threads", c.what, theirs, in, e, stream, [&](int s) { theirs.launch(stream, s); });

@@ -74,14 +74,14 @@ if ! want sanitizers; then
 elif command -v compute-sanitizer >/dev/null; then
   for t in "$build"/bin/*_test; do
     # A binary without CUDA tests never touches the GPU, which the sanitizer reports as an error.
-    [ "$("$t" --gtest_list_tests --gtest_filter='*/cuda:*/cuda_*' | grep -c '/cuda')" -gt 0 ] || continue
+    [ "$("$t" --gtest_list_tests --gtest_filter='*/cuda' | grep -c '/cuda')" -gt 0 ] || continue
     run "memcheck-$(basename "$t")" compute-sanitizer --tool memcheck --leak-check no --report-api-errors no \
-      --error-exitcode 9 "$t" --gtest_filter='*/cuda:*/cuda_*' --gtest_brief=1
+      --error-exitcode 9 "$t" --gtest_filter='*/cuda' --gtest_brief=1
   done
   for t in topk_convert_test topk_convert_dcp_test fp8_upconvert_test hisparse_resolve_test hisparse_rows_test; do
     for tool in racecheck synccheck; do
       run "$tool-$t" timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 \
-        "$build/bin/$t" --gtest_filter='*/cuda:*/cuda_*' --gtest_brief=1
+        "$build/bin/$t" --gtest_filter='*/cuda' --gtest_brief=1
     done
   done
   grep -h "SUMMARY" "$out"/memcheck-*.log "$out"/racecheck-*.log "$out"/synccheck-*.log | sort | uniq -c
@@ -90,7 +90,7 @@ else
 fi
 # One bench process per group of cases, each bounded in time, so that one
 # slow case cannot cost the others their numbers.
-bench_groups=" ${BENCH_GROUPS:-ceiling floor convert upconvert group-step resolve resolve-map swap-in swap-in-map model-step pinned-gather miss-gather} "
+bench_groups=" ${BENCH_GROUPS:-ceiling floor convert upconvert group-step resolve swap-in model-step pinned-gather miss-gather} "
 bench_group() { [[ "$bench_groups" == *" $1 "* ]]; }
 if want bench; then
   for cases in $bench_groups; do

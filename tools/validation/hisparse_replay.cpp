@@ -103,9 +103,6 @@ class Replay {
     const TensorRecord& lru = file_.require("initial.lru_slots", DType::i16, {states, H_});
     check_lru_rows(file_, lru, states, H_);
     lru_ = upload(lru);
-    // A slot map, as the index group keeps one: -1 makes the first step build it.
-    slot_map_ = allocate(DType::i32, {states, hisparse_slot_map_words(static_cast<std::int32_t>(H_))});
-    poison(slot_map_, -1);
     hot_cache_ = upload(file_.require("initial.hot_cache", DType::u8, {blocks, hot_block_size_, row_bytes_}));
     counters_ = upload(TensorRecord::from_values<std::int64_t>("counters", {2}, {0, 0}));
     for (Tensor* t : {&hot_indices_, &attention_, &resolved_, &miss_mask_, &swap_host_, &swap_device_}) {
@@ -139,7 +136,7 @@ class Replay {
     for (const Tensor* t : {&swap_host_, &swap_device_}) poison(*t, poison_swap);
     const HiSparseResolveOutputs out{hot_indices_, attention_, resolved_, miss_mask_, swap_host_,
                                      swap_device_, valid_counts_, swap_counts_, counters_};
-    resolve_hisparse(scratch_.stream(), in, HiSparseSlotState{slot_rows_, lru_, slot_map_}, static_cast<std::int32_t>(H_), out);
+    resolve_hisparse(scratch_.stream(), in, HiSparseSlotState{slot_rows_, lru_}, static_cast<std::int32_t>(H_), out);
     gather_hisparse(scratch_.stream(), HiSparseGatherTensors{host_pool_, hot_cache_, swap_host_, swap_device_, swap_counts_}, rows_);
 
     const std::int32_t* states = file_.tensor(p + "request_state_indices").data<std::int32_t>();
@@ -207,7 +204,7 @@ class Replay {
 
   const SafetensorsFile& file_;
   std::int64_t K_ = 0, H_ = 0, rows_ = 0, steps_ = 0, host_rows_ = 0, row_bytes_ = 0, hot_block_size_ = 0;
-  Tensor host_pool_, source_, resident_, slot_rows_, lru_, slot_map_, hot_cache_, counters_;
+  Tensor host_pool_, source_, resident_, slot_rows_, lru_, hot_cache_, counters_;
   Tensor hot_indices_, attention_, resolved_, miss_mask_, swap_host_, swap_device_, valid_counts_, swap_counts_;
   HiSparseReplay result_;
   // Declared last, so destroyed first: when a step throws with work still

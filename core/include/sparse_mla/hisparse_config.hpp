@@ -17,10 +17,6 @@ struct HiSparseStateStorage {
   Tensor lru;              // int16 [max_requests, H] on the device: reset to 0 .. H-1 by the constructor
   Tensor hot_block_table;  // int32 [max_requests, ceil(H / block_size)]: hot block of each state's slot
                            // block, the engine's placement, read as it is
-  Tensor slot_map;         // int32 [max_requests, hisparse_slot_map_words(H)], 16-byte aligned: filled with -1 by
-                           // the constructor. Without it, engine-owned slot_rows are resolved without a slot
-                           // map; with it, an engine that writes a row of slot_rows itself sets that row's
-                           // first slot_map word to -1 (sparse_mla/hisparse_ops.hpp)
 };
 
 // Engine-owned caches of one layer (SPEC section 7), given to
@@ -55,13 +51,6 @@ struct HiSparseConfig {
   // fit the hot slots (H >= max_union_rows; default H then (R + 1) * K).
   // 1: every batch row is its own request.
   std::int32_t max_rows_per_request = 1;
-  // The group keeps a slot map beside the slot state it allocates (host row
-  // -> hot slot, docs/hisparse.md). Production rows (K = 2048, H = 4096)
-  // resolve faster without one, at every hit rate (docs/PERFORMANCE.md,
-  // session 30): they take the resolve in LRU order, which a map would bypass.
-  // Engine-owned state brings its own map (state.slot_map) or none, and this
-  // must then not be false with a map given.
-  bool slot_map = false;
   HiSparseStateStorage state;                // engine-owned slot state; undefined = allocated by the group
 };
 

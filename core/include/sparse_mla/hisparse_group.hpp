@@ -115,8 +115,6 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   // Device state (the engine's when HiSparseConfig::state gave it), for
   // tests and the CLI's checks.
   const Tensor& slot_rows() const;
-  // The slot map kept beside slot_rows (undefined when engine-owned slot_rows came without one).
-  const Tensor& slot_map() const;
   const Tensor& lru() const;
   const Tensor& hot_block_table() const;  // by state row
   std::int32_t hot_blocks_per_state() const { return hot_blocks_per_state_; }
@@ -173,7 +171,7 @@ class HiSparseMLAIndexGroup final : public SparseMLAIndexGroup {
   HiSparseConfig config_;
   std::int32_t hot_blocks_per_state_ = 0;
   std::vector<std::unique_ptr<HiSparseCacheHandle>> caches_;
-  OwnedTensor slot_rows_, lru_, hot_block_table_, slot_map_;
+  OwnedTensor slot_rows_, lru_, hot_block_table_;
   OwnedTensor hot_indices_, miss_mask_, swap_host_rows_, swap_device_rows_, swap_counts_, counters_;
   // Speculative decoding only: union rows [workspace_rows, max_union_rows]
   // and the resolve's outputs for them, each state of a union row, and each

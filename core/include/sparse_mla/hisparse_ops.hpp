@@ -13,7 +13,7 @@
 namespace sparse_mla {
 
 // The most hot slots a request may have: slot ids are int16 in the LRU, and
-// the resolve kernel's scratch packs entry indices, slots and miss numbers in
+// the resolve kernels' scratch packs entry indices, slots and miss numbers in
 // 15 or 16 bits (top_k <= hot_slots <= this).
 inline constexpr std::int32_t hisparse_max_hot_slots = 32768;
 
@@ -35,45 +35,12 @@ struct HiSparseResolveInputs {
   std::int64_t attention_block_stride = 0;  // 0 = hot_block_size
 };
 
-// The slot map of a state row: a hash map from host row to the hot slot that
-// holds it, which the resolve keeps in step with slot_rows across steps, so
-// that a selected row is looked up instead of being searched for among the
-// slots (core/kernels/hisparse_resolve.hpp). Only the library writes it. A
-// row whose first word is -1 is rebuilt from slot_rows by the next resolve:
-// fill a new map with -1, and set a state row's first word to -1 after
-// writing that row's slot_rows yourself. Layout of a row, in int32 words:
-//   [0]                  entries written since the last rebuild (counted
-//                        from above), or -1: rebuild before use
-//   [1]                  hisparse_slot_map_tag ^ H, written by a rebuild: a row
-//                        without it (all zeros, say) is rebuilt too
-//   [2, 4)               0
-//   [4, 4 + H)           position of each slot's entry, -1 none
-//   [entries, +8H)       4H entries of two words: host row (-1 never used,
-//                        -2 removed) and slot; `entries` is a multiple of 4
-inline constexpr std::int32_t hisparse_slot_map_tag = 0x534d4150;  // "SMAP"
-inline constexpr std::int64_t hisparse_slot_map_slot_positions = 4;  // word of slot 0's entry position
-inline constexpr std::int64_t hisparse_slot_map_positions(std::int32_t hot_slots) {
-  return 4 * static_cast<std::int64_t>(hot_slots);
-}
-inline constexpr std::int64_t hisparse_slot_map_entries(std::int32_t hot_slots) {
-  return hisparse_slot_map_slot_positions + (static_cast<std::int64_t>(hot_slots) + 3) / 4 * 4;
-}
-inline constexpr std::int64_t hisparse_slot_map_words(std::int32_t hot_slots) {
-  return hisparse_slot_map_entries(hot_slots) + 2 * hisparse_slot_map_positions(hot_slots);
-}
-
 // Per state row: host row held in each hot slot (-1 empty) and the LRU order.
-// With a slot map the resolve finds hits through it (one lookup a selected
-// row); without one it searches the slots (the same results). On a GPU the
-// map serves rows of the production shape (K = 2048, H = 4096, block sizes
-// that are powers of two); rows of other shapes search and mark their map for
-// a rebuild. The non-padding rows of one call must have distinct state rows;
-// rows sharing one give undefined results (with a map they can fill it: its
-// lookups still end, and a full map is rebuilt by the next call).
+// The non-padding rows of one call must have distinct state rows; rows
+// sharing one give undefined results.
 struct HiSparseSlotState {
   Tensor slot_rows;  // int32 [S, >= H]
   Tensor lru;        // int16 [S, H]: a permutation of [0, H), least recent first
-  Tensor slot_map;   // optional int32 [S, hisparse_slot_map_words(H)], 16-byte aligned
 };
 
 // Outputs, row r for batch row r. Optional ones may be left undefined.
@@ -127,8 +94,7 @@ int gather_hisparse_layers(Stream& stream, const std::vector<HiSparseLayerRows>&
 void write_hisparse_rows(Stream& stream, const Tensor& rows, const Tensor& host_row_ids, const Tensor& host_pool);
 
 // Empties every hot slot of state row state_rows[n] that holds host row
-// host_row_ids[n] (both int32 [n]; negative entries are skipped). A state row
-// that loses a slot has its slot map (if any) marked for a rebuild.
+// host_row_ids[n] (both int32 [n]; negative entries are skipped).
 void invalidate_hisparse_slots(Stream& stream, const HiSparseSlotState& state, std::int32_t hot_slots,
                                const Tensor& host_row_ids, const Tensor& state_rows);
 

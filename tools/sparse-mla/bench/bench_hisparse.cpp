@@ -1,10 +1,8 @@
 // The HiSparse swap-in (SPEC section 5): the residency resolve alone at 1,
 // 32 and 128 request rows (top-k 2048, 4096 hot slots, 50% hits) and at 1 and
-// 32 rows at 90, 99 and 100% hits, as an index group resolves them by default
-// (no slot map: the production rows take the resolve in LRU order) and with a
-// slot map (resolve-map/), and the whole swap-in (resolve, then the row gather
-// from the pinned host pool) at 0, 50, 90, 99 and 100% hits, and with the map
-// (swap-in-map/) at 90, 99 and 100%. bench_hisparse_rig.hpp explains how each timed
+// 32 rows at 90, 99 and 100% hits (production rows: the resolve in LRU
+// order), and the whole swap-in (resolve, then the row gather from the pinned
+// host pool) at 0, 50, 90, 99 and 100% hits. bench_hisparse_rig.hpp explains how each timed
 // launch gets its exact hit rate; after the timed replays the device's hit
 // and miss counters must show exactly that rate.
 //
@@ -24,8 +22,8 @@ namespace {
 
 class SwapInCase final : public BenchCase {
  public:
-  SwapInCase(std::int32_t rows, std::int32_t fixed, bool with_gather, std::uint64_t seed, bool slot_map = false)
-      : rig_(rows, fixed, with_gather, seed, true, slot_map), rows_(rows), with_gather_(with_gather) {}
+  SwapInCase(std::int32_t rows, std::int32_t fixed, bool with_gather, std::uint64_t seed)
+      : rig_(rows, fixed, with_gather, seed), rows_(rows), with_gather_(with_gather) {}
 
   Traffic traffic() const override {
     const auto entries = static_cast<std::uint64_t>(rows_) * HiSparseShape::top_k;
@@ -65,44 +63,33 @@ class SwapInCase final : public BenchCase {
 
 void add_hisparse_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
   // The resolve alone: 1, 32 and 128 rows at 50% hits, and where most of a
-  // selection hits, 1 and 32 rows (8 with --quick) at 90, 99 and 100%; as an
-  // index group resolves by default (resolve/), then with a slot map
-  // (resolve-map/).
+  // selection hits, 1 and 32 rows (8 with --quick) at 90, 99 and 100%.
   const std::int32_t many = config.quick ? 8 : 32;
-  for (const bool slot_map : {false, true}) {
-    const std::string name = slot_map ? "resolve-map" : "resolve";
-    const std::string no_map = slot_map ? ", slot map" : "";
-    for (const std::int32_t rows : {1, 32, 128}) {
-      const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows);
-      cases.push_back({name + "/rows=" + std::to_string(rows), std::to_string(rows) + " rows, K=2048, H=4096, 50% hit" + no_map,
-                       Ceiling::device_copy, false, [rows, seed, slot_map] {
-                         return std::make_unique<SwapInCase>(rows, fixed_for_hits(50), false, seed, slot_map);
+  for (const std::int32_t rows : {1, 32, 128}) {
+    const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows);
+    cases.push_back({"resolve/rows=" + std::to_string(rows), std::to_string(rows) + " rows, K=2048, H=4096, 50% hit",
+                     Ceiling::device_copy, false, [rows, seed] {
+                       return std::make_unique<SwapInCase>(rows, fixed_for_hits(50), false, seed);
+                     }});
+  }
+  for (const std::int32_t rows : {1, many}) {
+    for (const int hits : {90, 99, 100}) {
+      const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows) + static_cast<std::uint64_t>(hits);
+      cases.push_back({"resolve/rows=" + std::to_string(rows) + ",hits=" + std::to_string(hits),
+                       std::to_string(rows) + " rows, K=2048, H=4096, " + std::to_string(hits) + "% hit",
+                       Ceiling::device_copy, false, [rows, hits, seed] {
+                         return std::make_unique<SwapInCase>(rows, fixed_for_hits(hits), false, seed);
                        }});
-    }
-    for (const std::int32_t rows : {1, many}) {
-      for (const int hits : {90, 99, 100}) {
-        const std::uint64_t seed = config.seed + 31 * static_cast<std::uint64_t>(rows) + static_cast<std::uint64_t>(hits);
-        cases.push_back({name + "/rows=" + std::to_string(rows) + ",hits=" + std::to_string(hits),
-                         std::to_string(rows) + " rows, K=2048, H=4096, " + std::to_string(hits) + "% hit" + no_map,
-                         Ceiling::device_copy, false, [rows, hits, seed, slot_map] {
-                           return std::make_unique<SwapInCase>(rows, fixed_for_hits(hits), false, seed, slot_map);
-                         }});
-      }
     }
   }
-  // The swap-in: as an index group does it at every hit rate, with the map
-  // where selections repeat.
-  for (const bool slot_map : {false, true}) {
-    for (const int hits : slot_map ? std::vector<int>{90, 99, 100} : std::vector<int>{0, 50, 90, 99, 100}) {
-      const std::uint64_t seed = config.seed + 1000 + static_cast<std::uint64_t>(hits);
-      cases.push_back({std::string(slot_map ? "swap-in-map" : "swap-in") + "/rows=" + std::to_string(many) +
-                           ",hits=" + std::to_string(hits),
-                       std::to_string(many) + " rows, resolve+gather, " + std::to_string(hits) + "% hit" +
-                           (slot_map ? ", slot map" : ""),
-                       Ceiling::pinned_copy, false, [many, hits, seed, slot_map] {
-                         return std::make_unique<SwapInCase>(many, fixed_for_hits(hits), true, seed, slot_map);
-                       }});
-    }
+  // The swap-in at every hit rate.
+  for (const int hits : {0, 50, 90, 99, 100}) {
+    const std::uint64_t seed = config.seed + 1000 + static_cast<std::uint64_t>(hits);
+    cases.push_back({"swap-in/rows=" + std::to_string(many) + ",hits=" + std::to_string(hits),
+                     std::to_string(many) + " rows, resolve+gather, " + std::to_string(hits) + "% hit",
+                     Ceiling::pinned_copy, false, [many, hits, seed] {
+                       return std::make_unique<SwapInCase>(many, fixed_for_hits(hits), true, seed);
+                     }});
   }
 }
 

@@ -65,9 +65,8 @@ std::string check_hit_counts(std::uint64_t hits, std::uint64_t misses, std::uint
          " misses; the design gives " + std::to_string(want_hits) + " and " + std::to_string(want_misses);
 }
 
-HiSparseRig::HiSparseRig(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed, bool rotate_outputs,
-                         bool slot_map)
-    : rows_(rows), fixed_(fixed), with_pool_(with_pool), seed_(seed), rotate_outputs_(rotate_outputs), slot_map_(slot_map) {}
+HiSparseRig::HiSparseRig(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed, bool rotate_outputs)
+    : rows_(rows), fixed_(fixed), with_pool_(with_pool), seed_(seed), rotate_outputs_(rotate_outputs) {}
 
 int HiSparseRig::min_sets() const {
   const std::int32_t rotating = K - fixed_;
@@ -87,7 +86,6 @@ std::size_t HiSparseRig::set_bytes() const {
 std::size_t HiSparseRig::fixed_bytes() const {
   const auto rows = static_cast<std::size_t>(rows_);
   std::size_t bytes = rows * H * 6;
-  if (slot_map_) bytes += rows * static_cast<std::size_t>(hisparse_slot_map_words(H)) * 4;
   if (!rotate_outputs_) bytes += 4 * rows * K * 4 + 2 * rows * 4;
   if (with_pool_) bytes += (1 + rows * HiSparseShape::hot_blocks_per_row) * block * row_bytes + rows * fixed_ * row_bytes;
   return bytes;
@@ -133,13 +131,7 @@ void HiSparseRig::setup(Device& device, Stream& stream, int sets) {
   put(counters_, std::vector<std::int64_t>(2, 0));
   slot_rows_ = device.allocate(static_cast<std::size_t>(rows_) * H * 4, MemoryKind::device);
   lru_ = device.allocate(static_cast<std::size_t>(rows_) * H * 2, MemoryKind::device);
-  Tensor map;
-  if (slot_map_) {
-    const std::int64_t words = hisparse_slot_map_words(H);
-    map_ = device.allocate(static_cast<std::size_t>(rows_ * words) * 4, MemoryKind::device);
-    map = Tensor::of(map_, DType::i32, {rows_, words});
-  }
-  state_ = {Tensor::of(slot_rows_, DType::i32, {rows_, H}), Tensor::of(lru_, DType::i16, {rows_, H}), map};
+  state_ = {Tensor::of(slot_rows_, DType::i32, {rows_, H}), Tensor::of(lru_, DType::i16, {rows_, H})};
   reset_state(device, stream);
 
   const auto per_set = static_cast<std::size_t>(rows_) * K;
@@ -212,7 +204,6 @@ void HiSparseRig::reset_state(Device& device, Stream& stream) {
   const reference::HiSparseState empty(rows_, H);
   upload_to(device, stream, slot_rows_, 0, empty.slot_rows);
   upload_to(device, stream, lru_, 0, empty.lru);
-  if (slot_map_) stream.fill(map_, 0, 0xFF, map_.bytes());  // -1: built by the first resolve
 }
 
 std::string HiSparseRig::check(Device& device, Stream& stream) {

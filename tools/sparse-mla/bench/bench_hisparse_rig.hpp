@@ -62,11 +62,8 @@ class HiSparseRig {
   // rows: request rows of the batch; fixed: hits per row in steady state;
   // with_pool: allocate the host pool and the hot cache (for the gather);
   // rotate_outputs: every rotation set has its own outputs (else the sets
-  // share one, for a case whose many rigs would not fit otherwise);
-  // slot_map: the state keeps a slot map (HiSparseConfig::slot_map; an index
-  // group keeps none by default).
-  HiSparseRig(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed, bool rotate_outputs = true,
-              bool slot_map = false);
+  // share one, for a case whose many rigs would not fit otherwise).
+  HiSparseRig(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed, bool rotate_outputs = true);
 
   // Sets a cycle of `sets` steps needs for the designed hit rate.
   int min_sets() const;
@@ -111,11 +108,10 @@ class HiSparseRig {
   bool with_pool_;
   std::uint64_t seed_;
   bool rotate_outputs_;
-  bool slot_map_;
   int sets_ = 0;
   std::int32_t context_blocks_ = 0;  // source blocks per request
   std::vector<std::int32_t> source_table_;
-  Buffer logical_, source_, hot_table_, ids_, slot_rows_, lru_, map_, counters_, pool_, hot_cache_;
+  Buffer logical_, source_, hot_table_, ids_, slot_rows_, lru_, counters_, pool_, hot_cache_;
   Buffer hot_indices_, attention_, swap_host_, swap_device_, valid_, swap_counts_;
   std::vector<HiSparseResolveInputs> inputs_;
   std::vector<HiSparseResolveOutputs> outputs_;
