@@ -17,7 +17,7 @@
 //   B. enter: write the outputs of entries that need no slot (resident,
 //      invalid); enter every other entry's host row in the set (its word
 //      keeps the first entry that selected it). Team sum: valid entries and
-//      distinct host 
+//      distinct host rows.
 //   C. classify: each LRU position's slot is a hit when the set holds its
 //      host row; the key's word takes the slot (the largest, for a state that
 //      holds a row twice). Team sum: hit slots and hit keys, ahead of each.
@@ -83,15 +83,13 @@ struct HiSparseResolveInLruOrder : ResolveTables<SplitBy::shift> {
   static constexpr std::int32_t K = hisparse_lru_order::top_k;
   static constexpr std::int32_t H = hisparse_lru_order::hot_slots;
   static constexpr std::int32_t threads = hisparse_lru_order::groups / N;
-  static constexpr std::int32_t bucket = hisparse::bucket;
-  static constexpr std::uint32_t empty_key = hisparse::empty_word;
 
   KOKKOS_INLINE_FUNCTION static std::int32_t first_bucket(std::uint32_t key) {
     using hisparse_lru_order::positions;
-    return hisparse::hash_position(static_cast<std::int32_t>(key), positions / bucket) * bucket;
+    return hisparse::hash_position(static_cast<std::int32_t>(key), positions / hisparse::bucket) * hisparse::bucket;
   }
   KOKKOS_INLINE_FUNCTION static std::int32_t next_bucket(std::int32_t b) {
-    return (b + bucket) & (hisparse_lru_order::positions - 1);
+    return (b + hisparse::bucket) & (hisparse_lru_order::positions - 1);
   }
 
   // Enters host row g >= 0 (entry j) and returns its position; `added` counts
@@ -102,16 +100,16 @@ struct HiSparseResolveInLruOrder : ResolveTables<SplitBy::shift> {
                                                    std::uint32_t j, std::uint32_t& added) {
     using namespace hisparse_lru_order;
     std::int32_t b = first_bucket(g);
-    for (std::int32_t round = 0; round < positions / bucket; ++round, b = next_bucket(b)) {
+    for (std::int32_t round = 0; round < positions / hisparse::bucket; ++round, b = next_bucket(b)) {
       const Int4 v = *reinterpret_cast<const Int4*>(s.keys + b);
-      const std::uint32_t k[bucket] = {static_cast<std::uint32_t>(v.x), static_cast<std::uint32_t>(v.y),
-                                       static_cast<std::uint32_t>(v.z), static_cast<std::uint32_t>(v.w)};
+      const std::uint32_t k[hisparse::bucket] = {static_cast<std::uint32_t>(v.x), static_cast<std::uint32_t>(v.y),
+                                                 static_cast<std::uint32_t>(v.z), static_cast<std::uint32_t>(v.w)};
       std::int32_t at = -1;
-      for (int i = 0; i < bucket; ++i) {  // leaves by break: unrolled whole, the bucket kept in registers
+      for (int i = 0; i < hisparse::bucket; ++i) {  // leaves by break: unrolled whole, the bucket kept in registers
         std::uint32_t key = k[i];
-        if (key == empty_key) {
-          key = device::atomic_cas(s.keys + b + i, empty_key, g);
-          if (key == empty_key) {
+        if (key == hisparse::empty_word) {
+          key = device::atomic_cas(s.keys + b + i, hisparse::empty_word, g);
+          if (key == hisparse::empty_word) {
             ++added;
             at = b + i;
             break;
@@ -136,13 +134,13 @@ struct HiSparseResolveInLruOrder : ResolveTables<SplitBy::shift> {
     if (g < 0) return -1;
     const auto key = static_cast<std::uint32_t>(g);
     std::int32_t b = first_bucket(key);
-    for (std::int32_t round = 0; round < positions / bucket; ++round, b = next_bucket(b)) {
+    for (std::int32_t round = 0; round < positions / hisparse::bucket; ++round, b = next_bucket(b)) {
       const Int4 v = *reinterpret_cast<const Int4*>(s.keys + b);
-      const std::uint32_t k[bucket] = {static_cast<std::uint32_t>(v.x), static_cast<std::uint32_t>(v.y),
-                                       static_cast<std::uint32_t>(v.z), static_cast<std::uint32_t>(v.w)};
-      for (int i = 0; i < bucket; ++i) {
+      const std::uint32_t k[hisparse::bucket] = {static_cast<std::uint32_t>(v.x), static_cast<std::uint32_t>(v.y),
+                                                 static_cast<std::uint32_t>(v.z), static_cast<std::uint32_t>(v.w)};
+      for (int i = 0; i < hisparse::bucket; ++i) {
         if (k[i] == key) return b + i;
-        if (k[i] == empty_key) return -1;
+        if (k[i] == hisparse::empty_word) return -1;
       }
     }
     return -1;
