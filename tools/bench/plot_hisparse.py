@@ -8,29 +8,28 @@ Reads the `model-step/rows=R,hits=P` cases of one or more bench JSON files
 (bench --json or --json-file) and prints, per batch size and hit rate, the
 decode step's HiSparse time (resolve once per index group, gather per layer),
 the time its missed bytes take at the pinned copy ceiling of the same run
-(`at_ceiling_us`: the floor) and the difference: the bookkeeping the library adds to the
-transfer that no implementation can avoid. With --png it draws the same
-figures: milliseconds per step against hit rate, one colour per batch size,
-the step solid and the floor dashed, on a logarithmic axis.
+(`at_ceiling_us`: the floor) and the difference: the bookkeeping the library
+adds to the transfer that no implementation can avoid.
 
-The PNG is drawn here (a small rasteriser and the PNG format from zlib), so
-the script needs nothing beyond the standard library.
+With --png it draws the same figures with matplotlib (Debian's
+python3-matplotlib): on the left the step time against the hit rate, one
+colour per batch size, the step solid and the floor dashed, on a logarithmic
+axis; on the right the bookkeeping per step as bars. The table needs nothing
+beyond the standard library.
 """
 import argparse
 import json
-import math
 import re
-import struct
 import sys
-import zlib
 
 CASE = re.compile(r"^model-step/rows=(\d+),hits=(\d+)$")
-GROUPS = 16  # index groups of the model-step cases (61 layers, a new group every 4)
+LAYERS, GROUPS = 61, 16  # the model-step cases: DeepSeek-V3.2's layers, a new index group every 4
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 
 
 def read_cases(paths):
-    """{(rows, hits): case} over the files, and the device name of the first."""
-    cases, device = {}, ""
+    """{(rows, hits): case} over the files, and the first file's run (device, pinned ceiling)."""
+    cases, run = {}, None
     for path in paths:
         try:
             with open(path, encoding="utf-8") as f:
@@ -39,7 +38,10 @@ def read_cases(paths):
             sys.exit(f"plot_hisparse: cannot read {path}: {e}")
         if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list):
             sys.exit(f"plot_hisparse: {path} is not the JSON of sparse-mla bench (no 'cases' list)")
-        device = device or f"{doc.get('device', {}).get('name', '?')} ({doc.get('device', {}).get('backend', '?')})"
+        if run is None:
+            device = doc.get("device", {})
+            run = {"device": f"{device.get('name', '?')}, {device.get('backend', '?')} backend",
+                   "pinned_gbps": doc.get("ceilings_gbps", {}).get("pinned_copy", 0.0)}
         for case in doc["cases"]:
             match = CASE.match(str(case.get("name", "")))
             if match and case.get("timed") and str(case.get("outcome", "")).startswith("ok"):
@@ -47,7 +49,7 @@ def read_cases(paths):
     if not cases:
         sys.exit("plot_hisparse: no timed model-step case in " + ", ".join(paths) +
                  " (run sparse-mla bench --filter '^model-step/')")
-    return cases, device
+    return cases, run
 
 
 def table(cases):
@@ -59,139 +61,83 @@ def table(cases):
     return "\n".join(lines)
 
 
-# A 5 x 7 font: each glyph is 7 rows of 5 bits; letters are drawn upper case.
-FONT = {
-    "0": "01110 10001 10011 10101 11001 10001 01110", "1": "00100 01100 00100 00100 00100 00100 01110",
-    "2": "01110 10001 00001 00010 00100 01000 11111", "3": "11111 00010 00100 00010 00001 10001 01110",
-    "4": "00010 00110 01010 10010 11111 00010 00010", "5": "11111 10000 11110 00001 00001 10001 01110",
-    "6": "00110 01000 10000 11110 10001 10001 01110", "7": "11111 00001 00010 00100 01000 01000 01000",
-    "8": "01110 10001 10001 01110 10001 10001 01110", "9": "01110 10001 10001 01111 00001 00010 01100",
-    "A": "01110 10001 10001 11111 10001 10001 10001", "B": "11110 10001 10001 11110 10001 10001 11110",
-    "C": "01110 10001 10000 10000 10000 10001 01110", "D": "11100 10010 10001 10001 10001 10010 11100",
-    "E": "11111 10000 10000 11110 10000 10000 11111", "F": "11111 10000 10000 11110 10000 10000 10000",
-    "G": "01110 10001 10000 10111 10001 10001 01111", "H": "10001 10001 10001 11111 10001 10001 10001",
-    "I": "01110 00100 00100 00100 00100 00100 01110", "J": "00111 00010 00010 00010 00010 10010 01100",
-    "K": "10001 10010 10100 11000 10100 10010 10001", "L": "10000 10000 10000 10000 10000 10000 11111",
-    "M": "10001 11011 10101 10101 10001 10001 10001", "N": "10001 10001 11001 10101 10011 10001 10001",
-    "O": "01110 10001 10001 10001 10001 10001 01110", "P": "11110 10001 10001 11110 10000 10000 10000",
-    "Q": "01110 10001 10001 10001 10101 10010 01101", "R": "11110 10001 10001 11110 10100 10010 10001",
-    "S": "01111 10000 10000 01110 00001 00001 11110", "T": "11111 00100 00100 00100 00100 00100 00100",
-    "U": "10001 10001 10001 10001 10001 10001 01110", "V": "10001 10001 10001 10001 10001 01010 00100",
-    "W": "10001 10001 10001 10101 10101 10101 01010", "X": "10001 10001 01010 00100 01010 10001 10001",
-    "Y": "10001 10001 10001 01010 00100 00100 00100", "Z": "11111 00001 00010 00100 01000 10000 11111",
-    ".": "00000 00000 00000 00000 00000 01100 01100", ",": "00000 00000 00000 00000 01100 00100 01000",
-    "%": "11000 11001 00010 00100 01000 10011 00011", "(": "00010 00100 01000 01000 01000 00100 00010",
-    ")": "01000 00100 00010 00010 00010 00100 01000", "=": "00000 00000 11111 00000 11111 00000 00000",
-    "/": "00000 00001 00010 00100 01000 10000 00000", "-": "00000 00000 00000 11111 00000 00000 00000",
-    ":": "00000 01100 01100 00000 01100 01100 00000", "+": "00000 00100 00100 11111 00100 00100 00000",
-}
-COLOURS = [(31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14), (140, 86, 75)]
+def series(cases, rows):
+    """[(hits, case)] of one batch size, by hit rate."""
+    return sorted((hits, c) for (r, hits), c in cases.items() if r == rows)
 
 
-class Canvas:
-    def __init__(self, width, height):
-        self.width, self.height = width, height
-        self.pixels = bytearray(b"\xff" * (width * height * 3))
+def step_panel(ax, cases, x_of, colour):
+    """The step and its floor against the hit rate, in ms on a log axis."""
+    from matplotlib.ticker import FuncFormatter
 
-    def dot(self, x, y, colour):
-        if 0 <= x < self.width and 0 <= y < self.height:
-            i = 3 * (y * self.width + x)
-            self.pixels[i:i + 3] = bytes(colour)
-
-    def box(self, x0, y0, x1, y1, colour):
-        for y in range(max(0, y0), min(self.height, y1 + 1)):
-            for x in range(max(0, x0), min(self.width, x1 + 1)):
-                self.dot(x, y, colour)
-
-    def line(self, x0, y0, x1, y1, colour, width=1, dash=0):
-        """A straight line `width` pixels thick; dash > 0 draws dash pixels on, dash off."""
-        steps = max(abs(x1 - x0), abs(y1 - y0), 1)
-        for i in range(steps + 1):
-            if dash and (i // dash) % 2:
-                continue
-            x = round(x0 + (x1 - x0) * i / steps)
-            y = round(y0 + (y1 - y0) * i / steps)
-            self.box(x - width // 2, y - width // 2, x + (width - 1) // 2, y + (width - 1) // 2, colour)
-
-    def text(self, x, y, text, colour=(0, 0, 0), scale=2):
-        for ch in text.upper():
-            glyph = FONT.get(ch)
-            if glyph:
-                for row, bits in enumerate(glyph.split()):
-                    for col, bit in enumerate(bits):
-                        if bit == "1":
-                            self.box(x + col * scale, y + row * scale, x + (col + 1) * scale - 1, y + (row + 1) * scale - 1,
-                                     colour)
-            x += 6 * scale
-
-    @staticmethod
-    def text_width(text, scale=2):
-        return 6 * scale * len(text)
-
-    def png(self):
-        raw = b"".join(b"\x00" + bytes(self.pixels[3 * y * self.width:3 * (y + 1) * self.width]) for y in range(self.height))
-
-        def chunk(kind, data):
-            return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-        header = struct.pack(">IIBBBBB", self.width, self.height, 8, 2, 0, 0, 0)
-        return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+    for rows in colour:
+        points = series(cases, rows)
+        ax.plot([x_of[hits] for hits, _ in points], [c["median_us"] / 1e3 for _, c in points], "-o",
+                color=colour[rows], lw=2.4, ms=7)
+        floor = [(x_of[hits], c.get("at_ceiling_us", 0.0) / 1e3) for hits, c in points if c.get("at_ceiling_us", 0.0) > 0]
+        if floor:
+            ax.plot(*zip(*floor), "--s", color=colour[rows], lw=1.8, ms=5, alpha=0.8)
+    ax.set_yscale("log")
+    for hits in x_of:  # a step without misses has no floor to draw on a log axis
+        if all(c.get("at_ceiling_us", 0.0) <= 0 for (_, h), c in cases.items() if h == hits):
+            ax.annotate("no misses:\nfloor 0", (x_of[hits], 0.04), xycoords=("data", "axes fraction"), ha="center",
+                        fontsize=11, color="0.35")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlim(-0.3, len(x_of) - 0.7)
+    ax.set_ylabel("time per decode step (ms, log scale)")
+    ax.set_title("Decode step against its transfer floor")
+    ax.grid(True, which="major", alpha=0.35)
+    ax.grid(True, which="minor", axis="y", alpha=0.12)
 
 
-def plot(cases, device, width=900, height=600):
-    canvas = Canvas(width, height)
-    left, right, top, bottom = 90, width - 230, 85, height - 80
-    hit_rates = sorted({hits for _, hits in cases})
-    batches = sorted({rows for rows, _ in cases})
-    values = [c["median_us"] / 1e3 for c in cases.values()] + [c.get("at_ceiling_us", 0) / 1e3 for c in cases.values()]
-    values = [v for v in values if v > 0]
-    low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
-    high = max(high, low + 1)
+def overhead_panel(ax, cases, x_of, colour):
+    """What the step adds to its floor, in µs, bars grouped by hit rate."""
+    width = 0.8 / len(colour)
+    for i, rows in enumerate(colour):
+        points = series(cases, rows)
+        bars = ax.bar([x_of[hits] - 0.4 + width * (i + 0.5) for hits, _ in points],
+                      [c["median_us"] - c.get("at_ceiling_us", 0.0) for _, c in points], width * 0.92, color=colour[rows])
+        ax.bar_label(bars, fmt="%.0f", fontsize=9, padding=2)
+    ax.set_ylabel(f"µs per step ({GROUPS} resolves, {LAYERS} gathers)")
+    ax.set_title("Step time above the floor")
+    ax.grid(True, axis="y", alpha=0.35)
+    ax.set_axisbelow(True)
+    ax.margins(y=0.12)
 
-    def x_of(hits):  # hit rates as evenly spaced categories
-        i = hit_rates.index(hits)
-        return left + (right - left) * (i + 0.5) / len(hit_rates)
 
-    def y_of(ms):
-        return bottom - (bottom - top) * (math.log10(ms) - low) / (high - low)
+def plot(cases, run, path):
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("plot_hisparse: --png needs matplotlib (Debian: python3-matplotlib; pip: matplotlib)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    canvas.text(left, 12, "HiSparse, one decode step: 61 layers, 16 index groups")
-    canvas.text(left, 34, f"K=2048, H=4096, {device}"[:64], (90, 90, 90))
-    canvas.text(left - 60, top - 26, "ms per step (log)", (60, 60, 60))
-    for decade in range(low, high + 1):
-        for mantissa in (1, 2, 5):
-            ms = mantissa * 10.0 ** decade
-            if decade == high and mantissa > 1:
-                continue
-            y = round(y_of(ms))
-            canvas.line(left, y, right, y, (225, 225, 225) if mantissa > 1 else (190, 190, 190))
-            label = f"{ms:g}"
-            canvas.text(left - 10 - Canvas.text_width(label), y - 7, label, (60, 60, 60))
-    for hits in hit_rates:
-        x = round(x_of(hits))
-        canvas.line(x, bottom, x, bottom + 6, (0, 0, 0))
-        canvas.text(x - Canvas.text_width(f"{hits}%") // 2, bottom + 14, f"{hits}%")
-    canvas.line(left, bottom, right, bottom, (0, 0, 0), 2)
-    canvas.line(left, top, left, bottom, (0, 0, 0), 2)
-    canvas.text((left + right) // 2 - Canvas.text_width("hit rate") // 2, bottom + 44, "hit rate")
-    for n, rows in enumerate(batches):
-        colour = COLOURS[n % len(COLOURS)]
-        for key, dash in (("median_us", 0), ("at_ceiling_us", 8)):
-            points = [(round(x_of(h)), round(y_of(cases[(rows, h)].get(key, 0) / 1e3)))
-                      for h in hit_rates if (rows, h) in cases and cases[(rows, h)].get(key, 0) > 0]
-            for (xa, ya), (xb, yb) in zip(points, points[1:]):
-                canvas.line(xa, ya, xb, yb, colour, 3, dash)
-            for x, y in points:
-                canvas.box(x - 4, y - 4, x + 4, y + 4, colour)
-        y = top + 10 + 50 * n
-        canvas.line(right + 20, y, right + 60, y, colour, 3)
-        canvas.text(right + 70, y - 7, f"rows={rows} step")
-        canvas.line(right + 20, y + 20, right + 60, y + 20, colour, 3, 8)
-        canvas.text(right + 70, y + 13, "floor", colour)
-    canvas.text(right + 20, top + 10 + 50 * len(batches), "floor: missed", (60, 60, 60))
-    canvas.text(right + 20, top + 30 + 50 * len(batches), "bytes at the", (60, 60, 60))
-    canvas.text(right + 20, top + 50 + 50 * len(batches), "pinned ceiling", (60, 60, 60))
-    return canvas.png()
+    hits_all = sorted({hits for _, hits in cases})
+    x_of = {hits: i for i, hits in enumerate(hits_all)}  # hit rates are few and uneven: equal spacing
+    colour = {rows: COLOURS[i % len(COLOURS)] for i, rows in enumerate(sorted({rows for rows, _ in cases}))}
+    plt.rcParams.update({"font.size": 13, "axes.titlesize": 14, "axes.labelsize": 13, "xtick.labelsize": 12,
+                         "ytick.labelsize": 12})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 5.8), gridspec_kw={"width_ratios": [1.25, 1]})
+    step_panel(left, cases, x_of, colour)
+    overhead_panel(right, cases, x_of, colour)
+    for ax in (left, right):
+        ax.set_xticks(range(len(hits_all)), [f"{hits}%" for hits in hits_all])
+        ax.set_xlabel("hit rate of the top-k in the device's hot slots")
+
+    handles = [Line2D([], [], color=c, lw=6, label=f"batch of {rows}") for rows, c in colour.items()]
+    handles += [Line2D([], [], color="0.3", lw=2.4, marker="o", label="step: resolves + gathers"),
+                Line2D([], [], color="0.3", lw=1.8, ls="--", marker="s", ms=5,
+                       label="floor: missed rows at the pinned-copy ceiling")]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=11.5,
+               handlelength=2.4, columnspacing=1.2)
+    ceiling = f", pinned-copy ceiling {run['pinned_gbps']:.0f} GB/s" if run["pinned_gbps"] > 0 else ""
+    fig.suptitle(f"HiSparse decode step: DeepSeek-V3.2, {LAYERS} layers in {GROUPS} index groups, K = 2048, "
+                 f"4096 hot slots\n{run['device']}{ceiling}", fontsize=15)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main():
@@ -199,12 +145,11 @@ def main():
     parser.add_argument("json", nargs="+", help="sparse-mla bench JSON (--json or --json-file)")
     parser.add_argument("--png", help="write the plot here")
     args = parser.parse_args()
-    cases, device = read_cases(args.json)
-    print(f"HiSparse per decode step on {device}: 61 layers in 16 index groups, K=2048, H=4096")
+    cases, run = read_cases(args.json)
+    print(f"HiSparse per decode step on {run['device']}: {LAYERS} layers in {GROUPS} index groups, K=2048, H=4096")
     print(table(cases))
     if args.png:
-        with open(args.png, "wb") as f:
-            f.write(plot(cases, device))
+        plot(cases, run, args.png)
         print(f"plot: {args.png}")
 
 

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config ccache
   libtrilinos-kokkos-dev libcli11-dev libgtest-dev nlohmann-json3-dev libbenchmark-dev
   libamdhip64-dev hipcc rocm-device-libs clang libclang-rt-14-dev
-  python3-dev pybind11-dev python3-numpy python3-pytest)
+  python3-dev pybind11-dev python3-numpy python3-pytest python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
