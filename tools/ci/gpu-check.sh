@@ -99,8 +99,14 @@ if want bench; then
     sed -n '/^case/,$p' "$out/bench-$cases.log"
   done
   if bench_group model-step; then
-    # The HiSparse hit-rate sweep of a whole decode step: table and plot.
-    run hisparse-sweep python3 tools/bench/plot_hisparse.py "$out/bench-model-step.json" --png "$out/hisparse-sweep.png"
+    # The HiSparse hit-rate sweep of a whole decode step: the table, and the
+    # plot where an interpreter here has matplotlib.
+    plotter=python3 plot=()
+    for candidate in python3 "$python"; do
+      if "$candidate" -c "import matplotlib" 2>/dev/null; then plotter=$candidate plot=(--png "$out/hisparse-sweep.png"); break; fi
+    done
+    [ ${#plot[@]} -gt 0 ] || echo "hisparse-sweep: no interpreter with matplotlib here, table only"
+    run hisparse-sweep "$plotter" tools/bench/plot_hisparse.py "$out/bench-model-step.json" "${plot[@]}"
     cat "$out/hisparse-sweep.log"
   fi
   if bench_group convert; then
