@@ -25,7 +25,9 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "primitives.hpp"
+#include "components/fp8_bf16.hpp"
+#include "components/memory.hpp"
+#include "components/warp.hpp"
 #include "space_traits.hpp"
 #include "kernels.hpp"
 

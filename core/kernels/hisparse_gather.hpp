@@ -13,6 +13,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "components/memory.hpp"
 #include "space_traits.hpp"
 #include "kernels.hpp"
 

@@ -6,8 +6,10 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "components/atomic.hpp"
+#include "components/memory.hpp"
+#include "components/prefix_sum.hpp"
 #include "kernels.hpp"
-#include "primitives.hpp"
 #include "space_traits.hpp"
 
 namespace sparse_mla::kernels {

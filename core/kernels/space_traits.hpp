@@ -4,8 +4,6 @@
 
 #include <Kokkos_Core.hpp>
 
-#include "primitives.hpp"
-
 #include <cstdint>
 #include <type_traits>
 

@@ -21,19 +21,19 @@
 //
 // Two kernels: Convert takes any row; ConvertRounds takes rows that fill
 // whole rounds of its team (production decode at K = 2048), with the team's
-// shape fixed at compile time. convert_split() picks between them by the
-// token count.
+// shape fixed at compile time. convert_split() picks between them, and the
+// team shape, by the token count (the table convert_shapes).
 //
 // Both also run the DCP filter-and-convert (SPEC section 2a), chosen at
 // compile time (Dcp): positions become the rank's local positions (-1 for
 // other ranks') before the table lookup, and with compaction a team scan of
 // each round's counts places the valid entries in input order and the rest
-// of the row is -1. Convert scans each thread's counts (team_round_offsets)
-// and stores its converted entries at their places; ConvertRounds'
-// Compaction::gather gathers each lane group's owned positions first and
-// converts them one a lane; its Compaction::stage places the row's local
-// positions in team scratch first and then converts the compacted row
-// (table loads for valid entries only, whole-unit stores).
+// of the row is -1 (the scans: topk_dcp_scans.hpp). Convert scans each
+// thread's counts (team_round_offsets) and stores its converted entries at
+// their places; ConvertRounds' Compaction::gather gathers each lane group's
+// owned positions first and converts them one a lane; its Compaction::stage
+// places the row's local positions in team scratch first and then converts
+// the compacted row (table loads for valid entries only, whole-unit stores).
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -41,9 +41,13 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "primitives.hpp"
-#include "space_traits.hpp"
+#include "components/compat.hpp"
+#include "components/memory.hpp"
+#include "components/team_reduction.hpp"
+#include "components/warp.hpp"
 #include "kernels.hpp"
+#include "space_traits.hpp"
+#include "topk_dcp_scans.hpp"
 
 namespace sparse_mla::kernels {
 
@@ -913,66 +917,106 @@ Params<Split> params_of(const TopkConvertArgs& a, Split split) {
                        a.workspace_starts};
 }
 
+// The conversion's launch shapes: which kernel, and which team shape
+// (threads x 16-byte units in flight a thread), a call takes by its token
+// count. Chosen by measurement (K = 2048, graph replays, rotated inputs;
+// docs/PERFORMANCE.md has the figures and the shapes tried): a few tokens
+// want many threads with few loads each, a full device fewer threads with
+// more loads each. Convert's small rows shrink the team to the warps their
+// units fill (at least one: K >= 1).
+struct TeamShape {
+  int threads;
+  int units_in_flight;
+};
+struct ConvertLaunchShapes {
+  // Token counts where the choice changes.
+  std::int64_t few_tokens;          // below: few tokens
+  std::int64_t rounds_from;         // rows not compacted take ConvertRounds again from here ...
+  std::int64_t full_device;         // ... up to here; from here a full device
+  std::int64_t host_staged_from;    // host spaces: compacted rows take Compaction::stage from here
+  // GPU spaces. Rows of whole rounds take ConvertRounds where it beat
+  // Convert; from few_tokens to rounds_from and from full_device Convert
+  // stays (at 128 x 4 the compiler put ConvertRounds' third and fourth index
+  // loads behind its first table loads). Compacted DCP rows take
+  // ConvertRounds' Compaction::gather below few_tokens and its
+  // Compaction::stage from there (K up to max_staged_topk; longer rows take
+  // Convert).
+  TeamShape few_rounds;       // ConvertRounds below few_tokens (compacted: Compaction::gather)
+  TeamShape few;              // Convert below few_tokens
+  TeamShape rounds;           // ConvertRounds from rounds_from to full_device (compacted: the stage from few_tokens)
+  TeamShape middle;           // Convert from few_tokens to full_device, and rows not of 16-byte units
+  TeamShape full_stage;       // compacted rows from full_device: Compaction::stage
+  TeamShape full;             // Convert from full_device
+  // Host spaces: a team of one thread, four units in flight; rows of whole
+  // rounds take ConvertRounds, and compacted rows compact by the token count
+  // as on GPUs, so that host CI runs both ways.
+  TeamShape host;
+};
+inline constexpr ConvertLaunchShapes convert_shapes{
+    512, 2048, 8192, 512, {512, 1}, {256, 2}, {256, 1}, {128, 4}, {256, 2}, {128, 2}, {1, 4},
+};
+
 template <class Space, class Split, class Dcp>
 void convert_split(const Space& space, const TopkConvertArgs& a, Split split, const Dcp& dcp) {
   const Params<Split> p = params_of(a, split);
   const bool vector4 = a.num_topk % 4 == 0 && aligned16(a.logical) && aligned16(a.physical) &&
                        a.logical_stride % 4 == 0 && a.physical_stride % 4 == 0;
   const std::int64_t units = vector4 ? a.num_topk / 4 : a.num_topk;
+  constexpr ConvertLaunchShapes s = convert_shapes;
   if constexpr (is_host_space<Space>) {
+    constexpr TeamShape host = s.host;
     if (vector4) {
-      // Compacted rows compact as on GPUs, by the token count (Compaction::
-      // stage from 512 tokens where K allows it, else gather), so that host
-      // CI runs both ways.
       bool launched = false;
       if constexpr (Dcp::compact) {
-        if (a.num_tokens >= 512) {
-          launched = launch_shifted_rounds<Space, 1, 4, Compaction::stage>(space, p, dcp, a.num_tokens, units);
+        if (a.num_tokens >= s.host_staged_from) {
+          launched = launch_shifted_rounds<Space, host.threads, host.units_in_flight, Compaction::stage>(
+              space, p, dcp, a.num_tokens, units);
         }
       }
-      if (launched || launch_shifted_rounds<Space, 1, 4>(space, p, dcp, a.num_tokens, units)) return;
-      launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, 1);
+      if (launched ||
+          launch_shifted_rounds<Space, host.threads, host.units_in_flight>(space, p, dcp, a.num_tokens, units)) {
+        return;
+      }
+      launch<Space, Int4, host.units_in_flight>(space, p, dcp, a.num_tokens, host.threads);
     } else {
-      launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, 1);
+      launch<Space, std::int32_t, host.units_in_flight>(space, p, dcp, a.num_tokens, host.threads);
     }
   } else {
-    // Team shapes chosen by measurement (K = 2048, graph replays, rotated
-    // inputs; docs/PERFORMANCE.md has the figures and the shapes tried): a
-    // few tokens want many threads with few loads each (below 512 tokens:
-    // 256 threads x two 16-byte units), a full device fewer threads with
-    // more loads each (128 x 4 below 8192 tokens, 128 x 2 from there). Small
-    // rows shrink the team to the warps their units fill (at least one:
-    // K >= 1).
-    //
-    // Rows of whole rounds take ConvertRounds where it beat Convert: below
-    // 512 tokens at 512 threads x 1 unit, and from 2048 to 8191 tokens at
-    // 256 x 1. From 512 to 2047 tokens and from 8192 Convert stays (at
-    // 128 x 4 the compiler put ConvertRounds' third and fourth index loads
-    // behind its first table loads). Compacted DCP rows below 512 tokens
-    // take ConvertRounds' Compaction::gather, from 512 to 8191 tokens its
-    // Compaction::stage at 256 x 1, from 8192 the stage at 256 x 2 (K up to
-    // max_staged_topk; longer rows take Convert).
-    auto threads_for = [&](int base, int in_flight) {
-      const std::int64_t needed = (units + in_flight - 1) / in_flight;
-      return static_cast<int>(needed >= base ? base : (needed + 31) / 32 * 32);
+    constexpr TeamShape few_rounds = s.few_rounds, few = s.few, rounds = s.rounds, middle = s.middle,
+                        full_stage = s.full_stage, full = s.full;
+    auto threads_for = [&](TeamShape shape) {
+      const std::int64_t needed = (units + shape.units_in_flight - 1) / shape.units_in_flight;
+      return static_cast<int>(needed >= shape.threads ? shape.threads : (needed + 31) / 32 * 32);
     };
     if (!vector4) {
-      launch<Space, std::int32_t, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
-    } else if (a.num_tokens < 512) {
-      if (launch_shifted_rounds<Space, 512, 1>(space, p, dcp, a.num_tokens, units)) return;
-      launch<Space, Int4, 2>(space, p, dcp, a.num_tokens, threads_for(256, 2));
-    } else if (a.num_tokens < 8192) {
-      if constexpr (Dcp::compact) {
-        if (launch_shifted_rounds<Space, 256, 1, Compaction::stage>(space, p, dcp, a.num_tokens, units)) return;
-      } else {
-        if (a.num_tokens >= 2048 && launch_rounds<Space, 256, 1>(space, p, dcp, a.num_tokens, units)) return;
+      launch<Space, std::int32_t, middle.units_in_flight>(space, p, dcp, a.num_tokens, threads_for(middle));
+    } else if (a.num_tokens < s.few_tokens) {
+      if (launch_shifted_rounds<Space, few_rounds.threads, few_rounds.units_in_flight>(space, p, dcp, a.num_tokens,
+                                                                                       units)) {
+        return;
       }
-      launch<Space, Int4, 4>(space, p, dcp, a.num_tokens, threads_for(128, 4));
+      launch<Space, Int4, few.units_in_flight>(space, p, dcp, a.num_tokens, threads_for(few));
+    } else if (a.num_tokens < s.full_device) {
+      if constexpr (Dcp::compact) {
+        if (launch_shifted_rounds<Space, rounds.threads, rounds.units_in_flight, Compaction::stage>(
+                space, p, dcp, a.num_tokens, units)) {
+          return;
+        }
+      } else {
+        if (a.num_tokens >= s.rounds_from &&
+            launch_rounds<Space, rounds.threads, rounds.units_in_flight>(space, p, dcp, a.num_tokens, units)) {
+          return;
+        }
+      }
+      launch<Space, Int4, middle.units_in_flight>(space, p, dcp, a.num_tokens, threads_for(middle));
     } else {
       if constexpr (Dcp::compact) {
-        if (launch_shifted_rounds<Space, 256, 2, Compaction::stage>(space, p, dcp, a.num_tokens, units)) return;
+        if (launch_shifted_rounds<Space, full_stage.threads, full_stage.units_in_flight, Compaction::stage>(
+                space, p, dcp, a.num_tokens, units)) {
+          return;
+        }
       }
-      launch<Space, Int4, 2>(space, p, dcp, a.num_tokens, threads_for(128, 2));
+      launch<Space, Int4, full.units_in_flight>(space, p, dcp, a.num_tokens, threads_for(full));
     }
   }
 }
