@@ -210,7 +210,7 @@ class GpuStream final : public Stream {
   GpuStream(GpuDevice<R>& device, typename R::stream_t native)
       : device_(device), join_(device, false), stream_(native), owned_(false) {}
   ~GpuStream() override {
-    release_kernel_context();  // the Kokkos instance goes first, while the stream exists
+    kernel_instance_.reset();  // the Kokkos instance goes first, while the stream exists
     if (owned_) (void)R::StreamDestroy(stream_);
   }
   GpuStream(const GpuStream&) = delete;
@@ -220,6 +220,14 @@ class GpuStream final : public Stream {
   int device_index() const { return device_.index(); }
   typename R::stream_t native() const { return stream_; }
   void* native_handle() const override { return static_cast<void*>(stream_); }
+
+  // The kernel layer's instance for this stream: the Kokkos execution-space
+  // instance that runs on it (gpu_exec.hpp), kept untyped because the native
+  // layer is compiled without Kokkos. Set once when the stream is made (so
+  // that no launch creates one, which allocates and synchronises, and would
+  // break graph capture), read by every launch.
+  const std::shared_ptr<void>& kernel_instance() const { return kernel_instance_; }
+  void set_kernel_instance(std::shared_ptr<void> instance) { kernel_instance_ = std::move(instance); }
 
   // The default copy kind lets the runtime infer the direction from the
   // pointers (unified addressing), so one call serves every pair of kinds.
@@ -296,6 +304,7 @@ class GpuStream final : public Stream {
   GpuEvent<R> join_;
   typename R::stream_t stream_ = nullptr;
   bool owned_ = true;
+  std::shared_ptr<void> kernel_instance_;
 };
 
 template <class R>

@@ -6,9 +6,9 @@
 //
 // bind() runs once per stream (Device::create_stream): it makes the Kokkos
 // instance that runs on our native stream, which stays ours (Kokkos does not
-// destroy it), and keeps it in the stream's kernel context. launch() only
-// reads it: creating an instance allocates and synchronises, which would
-// break CUDA graph capture and cost a round trip per kernel.
+// destroy it), and keeps it in the GpuStream (GpuStream::kernel_instance).
+// launch() only reads it: creating an instance allocates and synchronises,
+// which would break CUDA graph capture and cost a round trip per kernel.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -46,15 +46,17 @@ struct GpuExec {
     GpuStream<R>& gpu = as_gpu_stream<R>(stream, "Kernels::bind");
     // Kokkos reads the device from the stream and may make it current.
     DeviceGuard<R> guard(gpu.device_index());
-    stream.set_kernel_context(std::make_shared<Context>(Context{instance_on(gpu.native()), gpu.device_index()}));
+    gpu.set_kernel_instance(std::make_shared<Context>(Context{instance_on(gpu.native()), gpu.device_index()}));
   }
 
+  // Every stream of a device of this backend is a GpuStream<R>.
   static const Context& context(const Stream& stream) {
     if (stream.device().backend() != R::backend) {
       fail("Kernels::launch", "the stream belongs to the ", backend_name(stream.device().backend()), " backend, not ",
            backend_name(R::backend));
     }
-    const auto* bound = static_cast<const Context*>(stream.kernel_context().get());
+    const auto& gpu = static_cast<const GpuStream<R>&>(stream);
+    const auto* bound = static_cast<const Context*>(gpu.kernel_instance().get());
     if (bound == nullptr) {
       fail("Kernels::launch", "the ", backend_name(R::backend), " stream has no Kokkos instance bound to it");
     }

@@ -55,7 +55,6 @@ void Marker::wait() {
 HostStream::HostStream(HostDevice& device) : device_(device) { worker_ = std::thread([this] { run(); }); }
 
 HostStream::~HostStream() {
-  release_kernel_context();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;

@@ -371,7 +371,7 @@ class Kernels {
   virtual ~Kernels() = default;
   // Kokkos's name of the execution space: "Serial", "OpenMP", "Cuda", "HIP".
   virtual const char* execution_space() const = 0;
-  // Binds an execution-space instance to the stream (its kernel context).
+  // Binds an execution-space instance to the stream, for its launches.
   virtual void bind(Stream& stream) const = 0;
 
   // data[0 .. count) = value: poisoning outputs, resetting tables.

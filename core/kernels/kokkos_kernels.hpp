@@ -2,7 +2,7 @@
 //
 // `Exec` is the backend's small launch policy:
 //   using execution_space = ...;                 // Kokkos::Serial, Kokkos::Cuda, ...
-//   static void bind(Stream&);                   // store the instance in the stream's kernel context
+//   static void bind(Stream&);                   // give the stream its execution-space instance
 //   template <class F> static void launch(Stream&, F f);   // run f(instance) in stream order
 // Each backend compiles this header once (backends/<name>/*_kernels.cpp).
 #pragma once

@@ -130,21 +130,6 @@ class Stream {
   // Backends without graphs (host) throw an Error saying so.
   virtual void begin_capture();
   virtual std::unique_ptr<Graph> end_capture();
-
-  // Per-stream state of the kernel layer: the Kokkos execution-space instance
-  // bound to this stream. Set once by Device::create_stream(), read by every
-  // kernel launch, so that no launch creates an instance (which allocates and
-  // synchronises, and would break graph capture).
-  const std::shared_ptr<void>& kernel_context() const { return kernel_context_; }
-  void set_kernel_context(std::shared_ptr<void> context) { kernel_context_ = std::move(context); }
-
- protected:
-  // Backends call this first in their destructor, while the native stream
-  // still exists.
-  void release_kernel_context() noexcept { kernel_context_.reset(); }
-
- private:
-  std::shared_ptr<void> kernel_context_;
 };
 
 // What a device's backend has done that a step path must never do (SPEC
