@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "backend_test.hpp"
-#include "hisparse_rig.hpp"
 #include "sparse_mla/error.hpp"
+#include "test_util.hpp"
+#include "validation/hisparse_rig.hpp"
 
 namespace sparse_mla::testing {
 namespace {
@@ -22,6 +23,7 @@ using reference::HiSparseResult;
 using reference::HiSparseState;
 using reference::HiSparseStep;
 using reference::HiSparseTables;
+using validation::HiSparseRig;
 
 // Production rows (K = 2048, H = 4096, power-of-two blocks) take the resolve
 // in LRU order, every other shape the general resolve
@@ -146,8 +148,8 @@ void expect_same(const HiSparseResult& got, const HiSparseResult& want, std::int
         EXPECT_EQ(got.swap_host_rows[i], want.swap_host_rows[i]) << "row " << b << " swap " << m;
         EXPECT_EQ(got.swap_device_rows[i], want.swap_device_rows[i]) << "row " << b << " swap " << m;
       } else {
-        EXPECT_EQ(got.swap_host_rows[i], poison_i32) << "row " << b << " swap " << m << " past the count was written";
-        EXPECT_EQ(got.swap_device_rows[i], poison_i32) << "row " << b << " swap " << m << " past the count was written";
+        EXPECT_EQ(got.swap_host_rows[i], HiSparseRig::poison) << "row " << b << " swap " << m << " past the count was written";
+        EXPECT_EQ(got.swap_device_rows[i], HiSparseRig::poison) << "row " << b << " swap " << m << " past the count was written";
       }
     }
   }
@@ -164,8 +166,8 @@ void expect_state(HiSparseRig& rig, const HiSparseState& want) { expect_same_sta
 // Nothing lost: every occupied slot of every state row holds its host row's bytes.
 void expect_slots_hold_host_rows(HiSparseRig& rig, const HiSparseState& state) {
   const auto cache = rig.hot_cache_bytes();
-  const HiSparseTables& t = rig.tables;
-  const std::size_t row_bytes = std::size_t(rig.row_bytes);
+  const HiSparseTables& t = rig.tables();
+  const std::size_t row_bytes = std::size_t(rig.row_bytes());
   std::int32_t occupied = 0;
   for (std::int32_t s = 0; s < state.states(); ++s) {
     const auto blocks = hot_blocks_of_state(t, s);
@@ -175,7 +177,7 @@ void expect_slots_hold_host_rows(HiSparseRig& rig, const HiSparseState& state) {
       ++occupied;
       const std::size_t x = std::size_t(blocks[std::size_t(slot / t.hot_block_size)]) * t.hot_block_size + slot % t.hot_block_size;
       const bool same = std::equal(cache.begin() + std::ptrdiff_t(x * row_bytes), cache.begin() + std::ptrdiff_t((x + 1) * row_bytes),
-                                   rig.host_pool_bytes.begin() + std::ptrdiff_t(std::size_t(g) * row_bytes));
+                                   rig.pool_row(g).begin());
       EXPECT_TRUE(same) << "state " << s << " slot " << slot << " should hold host row " << g;
     }
   }
@@ -191,9 +193,9 @@ HiSparseResult run_step_as_model(HiSparseRig& rig, const HiSparseTables& t, cons
   const HiSparseResult want = reference::resolve_model(t, step, state);
   HiSparseResult expected = want;
   if (!rig.optional_outputs) {
-    const std::vector<std::int32_t> untouched(want.hot_indices.size(), poison_i32);
+    const std::vector<std::int32_t> untouched(want.hot_indices.size(), HiSparseRig::poison);
     expected.attention_indices = expected.resolved_rows = expected.miss_mask = untouched;
-    expected.valid_counts.assign(want.valid_counts.size(), poison_i32);
+    expected.valid_counts.assign(want.valid_counts.size(), HiSparseRig::poison);
   }
   expect_same(got, expected, t.top_k);
   expect_same_state(rig.state(), state);
@@ -216,7 +218,7 @@ TEST_P(HiSparseResolveTest, ColdResolveLoadsKRowsAndPutsThemLast) {
   shape.requests = 1;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(1, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, 1, 656, hot_cache_blocks(t, 1), rng);
+  HiSparseRig rig(*stream, t, state, 1, 656, hot_cache_blocks(t, 1), rng());
   // K distinct valid positions (the first blocks of the request hold real pool rows).
   std::vector<std::int32_t> selection = iota_vec(t.top_k, 3);
   std::shuffle(selection.begin(), selection.end(), rng);
@@ -247,7 +249,7 @@ TEST_P(HiSparseResolveTest, ReplayingTheSameSelectionIsAllHitsAndChangesNothing)
   Shape shape;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 64, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 64, hot_cache_blocks(t, shape.states), rng());
   std::vector<std::vector<std::int32_t>> selections;
   for (std::int32_t b = 0; b < shape.requests; ++b) selections.push_back(next_selection(t, {}, 0, rng));
   const HiSparseStep step = make_step(t, iota_vec(shape.requests), iota_vec(shape.requests), selections);
@@ -277,7 +279,7 @@ TEST_P(HiSparseResolveTest, ReplayingTheSameSelectionIsAllHitsAndChangesNothing)
 // over state rows, resident pages and a padding row now and then.
 void run_random_steps(HiSparseRig& rig, const Shape& shape, HiSparseState& state, std::int32_t steps, std::mt19937_64& rng,
                       bool duplicates) {
-  const HiSparseTables& t = rig.tables;
+  const HiSparseTables& t = rig.tables();
   std::vector<std::vector<std::int32_t>> previous(static_cast<std::size_t>(shape.requests));
   const std::vector<std::int64_t> counters_before = rig.hit_miss_counters();
   std::uint64_t hits = 0, misses = 0;
@@ -317,7 +319,7 @@ TEST_P(HiSparseResolveTest, RandomStepsWithEvictionsLoseNothing) {
   shape.blocks = 24;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 656, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 656, hot_cache_blocks(t, shape.states), rng());
   run_random_steps(rig, shape, state, 12, rng, false);
 }
 
@@ -334,7 +336,7 @@ TEST_P(HiSparseResolveTest, ALongRunAtLittleSlackStaysExact) {
   shape.blocks = 12;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng());
   run_random_steps(rig, shape, state, 30, rng, true);
 }
 
@@ -348,7 +350,7 @@ TEST_P(HiSparseResolveTest, ProductionRowsStayExactOverManySteps) {
   Shape shape = production_shape();
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng());
   run_random_steps(rig, shape, state, 24, rng, false);
 }
 
@@ -363,7 +365,7 @@ TEST_P(HiSparseResolveTest, CallsOfAnotherShapeBetweenProductionCallsStayExact) 
   HiSparseTables narrow = wide;
   narrow.top_k = 1000;  // neither 2048 nor a power of two
   HiSparseState state(shape.states, wide.hot_slots);
-  HiSparseRig rig(*device, *stream, wide, state, shape.requests, 16, hot_cache_blocks(wide, shape.states), rng);
+  HiSparseRig rig(*stream, wide, state, shape.requests, 16, hot_cache_blocks(wide, shape.states), rng());
   std::vector<std::vector<std::int32_t>> previous(2);
   for (int s = 0; s < 8; ++s) {
     SCOPED_TRACE("step " + std::to_string(s));
@@ -385,7 +387,7 @@ void index_hot_table_by_state(HiSparseRig& rig, const HiSparseTables& t, std::in
     const auto blocks = hot_blocks_of_state(t, s);
     by_state.insert(by_state.end(), blocks.begin(), blocks.end());
   }
-  rig.hot_table_by_state = device_tensor(rig.device, rig.stream, by_state, {states, t.hot_blocks_per_row});
+  rig.hot_table_by_state = sparse_mla::upload(rig.stream(), by_state, {states, t.hot_blocks_per_row});
 }
 
 TEST_P(HiSparseResolveTest, HotTableByStateRowMatchesTheTableByBatchRow) {
@@ -397,7 +399,7 @@ TEST_P(HiSparseResolveTest, HotTableByStateRowMatchesTheTableByBatchRow) {
   shape.requests = shape.states = 6;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng());
   index_hot_table_by_state(rig, t, shape.states);
   run_random_steps(rig, shape, state, 8, rng, false);
 }
@@ -410,7 +412,7 @@ TEST_P(HiSparseResolveTest, ResidentPagesBypassTheLru) {
   shape.resident = true;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 32, hot_cache_blocks(t, shape.states), rng());
   run_random_steps(rig, shape, state, 6, rng, false);
 
   // A row that selects only resident positions (and -1): outputs the
@@ -439,7 +441,7 @@ TEST_P(HiSparseResolveTest, PaddingRowsOutputMinusOneAndLeaveStateAlone) {
   Shape shape;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 48, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 48, hot_cache_blocks(t, shape.states), rng());
   run_random_steps(rig, shape, state, 2, rng, false);
   const HiSparseState before = rig.state();
   std::vector<std::vector<std::int32_t>> selections;
@@ -465,7 +467,7 @@ TEST_P(HiSparseResolveTest, DuplicatesInOneSelectionCollapse) {
   shape.hot_slots = 96;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng());
 
   // Every position twice: K / 2 distinct rows, one slot each, one swap each.
   std::vector<std::int32_t> half = iota_vec(t.top_k / 2, 1);
@@ -499,7 +501,7 @@ TEST_P(HiSparseResolveTest, RowsOutsideThePoolResolveToMinusOne) {
   Shape shape;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng());
   // Request 0's last block is -1, request 1's last block is past the pool,
   // and positions past the table, negative ones and a request id outside the
   // table give no host row either.
@@ -556,7 +558,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtProductionWidth) {
   shape.resident = true;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng());
   run_random_steps(rig, shape, state, 3, rng, true);
 }
 
@@ -574,7 +576,7 @@ TEST_P(HiSparseResolveTest, ProductionRowsMatchTheModelInEveryKindOfRow) {
   shape.requests = shape.states = 3;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng());
   index_hot_table_by_state(rig, t, shape.states);
   const std::vector<std::int32_t> rows = iota_vec(shape.requests);
   std::vector<std::vector<std::int32_t>> selections;
@@ -648,7 +650,7 @@ TEST_P(HiSparseResolveTest, ProductionRowsWithTheSmallestAndLargestHotBlocks) {
     t.hot_blocks_per_row = (t.hot_slots + hot_block - 1) / hot_block;
     t.attention_block_stride = 2 * hot_block;
     HiSparseState state(shape.states, t.hot_slots);
-    HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+    HiSparseRig rig(*stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng());
     std::vector<std::vector<std::int32_t>> selections;
     for (std::int32_t r = 0; r < shape.requests; ++r) selections.push_back(next_selection(t, {}, 0, rng));
     for (int step = 0; step < 3; ++step) {
@@ -675,7 +677,7 @@ TEST_P(HiSparseResolveTest, ProductionRowsWithoutTheOptionalOutputs) {
   shape.resident = true;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng());
   rig.optional_outputs = false;
   const std::vector<std::int64_t> counters_before = rig.hit_miss_counters();
   const std::vector<std::int32_t> rows = iota_vec(shape.requests);
@@ -712,7 +714,7 @@ TEST_P(HiSparseResolveTest, BlockSizesThatAreNotPowersOfTwo) {
   t.hot_blocks_per_row = (t.hot_slots + t.hot_block_size - 1) / t.hot_block_size;
   t.attention_block_stride = 40;
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng());
   run_random_steps(rig, shape, state, 6, rng, true);
 }
 
@@ -739,7 +741,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelWithTheLargestSlotIds) {
       state.lru[std::size_t(s) * t.hot_slots + p] = static_cast<std::int16_t>(t.hot_slots - 1 - p);
     }
   }
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng());
   // A cold step, then the same selections again: every slot it loaded,
   // 32767 first, is a hit.
   const std::vector<std::vector<std::int32_t>> selections{next_selection(t, {}, 0, rng), next_selection(t, {}, 0, rng)};
@@ -774,7 +776,7 @@ TEST_P(HiSparseResolveTest, KernelMatchesModelAtTheLargestTopK) {
   const HiSparseTables t = make_tables(shape, rng);
   const std::int32_t K = t.top_k;
   HiSparseState state(1, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, 1, 16, hot_cache_blocks(t, 1), rng);
+  HiSparseRig rig(*stream, t, state, 1, 16, hot_cache_blocks(t, 1), rng());
 
   // Positions [0, K) are all in the pool: entry m is the m-th miss and takes
   // slot m (a cold LRU is 0 .. H - 1), and with K = H the LRU stays as it is.
@@ -819,7 +821,7 @@ TEST_P(HiSparseResolveTest, RejectedCallsNameTheArgumentAndWriteNothing) {
   Shape shape;
   const HiSparseTables t = make_tables(shape, rng);
   HiSparseState state(shape.states, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng);
+  HiSparseRig rig(*stream, t, state, shape.requests, 16, hot_cache_blocks(t, shape.states), rng());
   std::vector<std::vector<std::int32_t>> selections(4, next_selection(t, {}, 0, rng));
   const HiSparseStep step = make_step(t, iota_vec(4), iota_vec(4), selections);
   const auto logical = device_tensor(*device, *stream, step.logical, {4, t.top_k});
@@ -838,23 +840,24 @@ TEST_P(HiSparseResolveTest, RejectedCallsNameTheArgumentAndWriteNothing) {
       EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
     }
   };
-  expect_error("hot_slots must be in [K", [&] { resolve_hisparse(*stream, rig.inputs(logical, ids, states, hot_table), slots, t.top_k - 1, rig.outputs()); });
-  expect_error("hot_block_table has shape [4, 1]", [&] { resolve_hisparse(*stream, rig.inputs(logical, ids, states, short_table), slots, t.hot_slots, rig.outputs()); });
+  expect_error("hot_slots must be in [K", [&] { resolve_hisparse(*stream, rig.inputs(logical.tensor, ids.tensor, states.tensor, hot_table.tensor), slots, t.top_k - 1, rig.outputs()); });
+  expect_error("hot_block_table has shape [4, 1]", [&] { resolve_hisparse(*stream, rig.inputs(logical.tensor, ids.tensor, states.tensor, short_table.tensor), slots, t.hot_slots, rig.outputs()); });
   expect_error("lru has dtype I32", [&] {
-    resolve_hisparse(*stream, rig.inputs(logical, ids, states, hot_table), HiSparseSlotState{rig.slot_rows.tensor, lru16.tensor}, t.hot_slots, rig.outputs());
+    resolve_hisparse(*stream, rig.inputs(logical.tensor, ids.tensor, states.tensor, hot_table.tensor), HiSparseSlotState{rig.slot_state().slot_rows, lru16.tensor}, t.hot_slots, rig.outputs());
   });
   HiSparseResolveOutputs narrow = rig.outputs();
   narrow.swap_counts = narrow.swap_counts.rows(0, 2);
-  expect_error("swap_counts has shape [2]", [&] { resolve_hisparse(*stream, rig.inputs(logical, ids, states, hot_table), slots, t.hot_slots, narrow); });
+  expect_error("swap_counts has shape [2]", [&] { resolve_hisparse(*stream, rig.inputs(logical.tensor, ids.tensor, states.tensor, hot_table.tensor), slots, t.hot_slots, narrow); });
   const auto odd_pool = device_tensor(*device, *stream, std::vector<std::uint8_t>(40 * 10), {10, 40}, MemoryKind::pinned_host);
   expect_error("multiple of 16 bytes", [&] {
-    gather_hisparse(*stream, HiSparseGatherTensors{odd_pool.tensor, rig.hot_cache.tensor, rig.swap_host.tensor, rig.swap_device.tensor, rig.swaps.tensor}, 4);
+    const HiSparseResolveOutputs out = rig.outputs();
+    gather_hisparse(*stream, HiSparseGatherTensors{odd_pool.tensor, rig.hot_cache(), out.swap_host_rows, out.swap_device_rows, out.swap_counts}, 4);
   });
   // Nothing was written: every output still holds the poison, the state is as set up.
   stream->synchronize();
-  EXPECT_EQ(download<std::int32_t>(*device, *stream, rig.hot_indices.buffer, std::size_t(4 * t.top_k)),
-            std::vector<std::int32_t>(std::size_t(4 * t.top_k), poison_i32));
-  EXPECT_EQ(download<std::int32_t>(*device, *stream, rig.swaps.buffer, 4), std::vector<std::int32_t>(4, poison_i32));
+  EXPECT_EQ(sparse_mla::download<std::int32_t>(*stream, rig.outputs().hot_indices),
+            std::vector<std::int32_t>(std::size_t(4 * t.top_k), HiSparseRig::poison));
+  EXPECT_EQ(sparse_mla::download<std::int32_t>(*stream, rig.outputs().swap_counts), std::vector<std::int32_t>(4, HiSparseRig::poison));
   expect_state(rig, state);
 }
 

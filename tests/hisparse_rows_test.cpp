@@ -6,13 +6,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "backend_test.hpp"
-#include "hisparse_rig.hpp"
 #include "sparse_mla/error.hpp"
+#include "sparse_mla/hisparse_ops.hpp"
+#include "test_util.hpp"
+#include "validation/hisparse_rig.hpp"
 
 namespace sparse_mla::testing {
 namespace {
@@ -108,7 +111,7 @@ TEST_P(HiSparseRowsTest, RewrittenRowsAreReloadedNotServedStale) {
   t.hot_blocks_per_row = 4;
   t.attention_block_stride = 32;
   reference::HiSparseState state(2, t.hot_slots);
-  HiSparseRig rig(*device, *stream, t, state, 2, 64, 9, rng);
+  validation::HiSparseRig rig(*stream, t, state, 2, 64, 9, rng());
   reference::HiSparseStep step;
   step.request_ids = {0, 1};
   step.state_indices = {0, 1};
@@ -128,11 +131,11 @@ TEST_P(HiSparseRowsTest, RewrittenRowsAreReloadedNotServedStale) {
   const auto fresh_t = device_tensor(*device, *stream, fresh, {std::int64_t(hosts.size()), 64});
   const auto hosts_t = device_tensor(*device, *stream, hosts, {std::int64_t(hosts.size())});
   const auto owners_t = device_tensor(*device, *stream, owners, {std::int64_t(hosts.size())});
-  write_hisparse_rows(*stream, fresh_t.tensor, hosts_t.tensor, rig.host_pool.tensor);
+  write_hisparse_rows(*stream, fresh_t.tensor, hosts_t.tensor, rig.host_pool());
   invalidate_hisparse_slots(*stream, rig.slot_state(), t.hot_slots, hosts_t.tensor, owners_t.tensor);
+  std::map<std::int32_t, std::vector<std::uint8_t>> rewritten;  // host row -> its new bytes
   for (std::size_t i = 0; i < hosts.size(); ++i) {
-    std::copy(fresh.begin() + std::ptrdiff_t(i * 64), fresh.begin() + std::ptrdiff_t((i + 1) * 64),
-              rig.host_pool_bytes.begin() + std::ptrdiff_t(hosts[i]) * 64);
+    rewritten[hosts[i]].assign(fresh.begin() + std::ptrdiff_t(i * 64), fresh.begin() + std::ptrdiff_t((i + 1) * 64));
     for (std::int32_t slot = 0; slot < t.hot_slots; ++slot) {
       std::int32_t& g = state.slot_rows[std::size_t(t.hot_slots + slot)];  // state row 1
       if (g == hosts[i]) g = -1;
@@ -151,7 +154,8 @@ TEST_P(HiSparseRowsTest, RewrittenRowsAreReloadedNotServedStale) {
       const std::int32_t g = state.slot_rows[std::size_t(s * t.hot_slots + slot)];
       if (g < 0) continue;
       const std::int32_t x = step.hot_block_table[std::size_t(s * 4 + slot / 32)] * 32 + slot % 32;
-      EXPECT_TRUE(std::equal(cache.begin() + x * 64, cache.begin() + (x + 1) * 64, rig.host_pool_bytes.begin() + g * 64))
+      const std::vector<std::uint8_t> pool_row = rewritten.count(g) ? rewritten[g] : rig.pool_row(g);
+      EXPECT_TRUE(std::equal(cache.begin() + x * 64, cache.begin() + (x + 1) * 64, pool_row.begin()))
           << "state " << s << " slot " << slot;
     }
   }

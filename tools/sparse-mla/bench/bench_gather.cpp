@@ -10,8 +10,9 @@
 
 #include "bench_case.hpp"
 #include "bench_data.hpp"
-#include "bench_hisparse_rig.hpp"
+#include "bench_hisparse_rotation.hpp"
 #include "sparse_mla/hisparse_ops.hpp"
+#include "validation/hisparse_rig.hpp"
 
 namespace sparse_mla::cli {
 
@@ -34,7 +35,7 @@ class GatherCase final : public BenchCase {
   void setup(Device& device, Stream& stream, int sets) override {
     const std::int64_t per_set = static_cast<std::int64_t>(gathered());
     pool_ = device.allocate(static_cast<std::size_t>(per_set * sets * row_bytes), MemoryKind::pinned_host);
-    fill_pool(device, stream, pool_, seed_);
+    validation::fill_pool(stream, pool_, seed_);
     hot_cache_ = device.allocate(static_cast<std::size_t>(rows_) * H * row_bytes * static_cast<std::size_t>(sets),
                                  MemoryKind::device);
     const auto lists = static_cast<std::size_t>(per_set) * static_cast<std::size_t>(sets) * 4;
@@ -75,7 +76,7 @@ class GatherCase final : public BenchCase {
     const auto cache = download_from<std::uint8_t>(device, stream, hot_cache_, 0, cache_bytes);
     std::vector<bool> written(static_cast<std::size_t>(rows_) * H, false);
     for (std::size_t e = 0; e < host_rows_0_.size(); ++e) {
-      const std::string diff = compare_pool_row(cache, hot_rows_0_[e], host_rows_0_[e], seed_);
+      const std::string diff = validation::compare_pool_row(cache, row_bytes, hot_rows_0_[e], host_rows_0_[e], seed_);
       if (!diff.empty()) return diff;
       written[static_cast<std::size_t>(hot_rows_0_[e])] = true;
     }

@@ -2,7 +2,7 @@
 // 32 and 128 request rows (top-k 2048, 4096 hot slots, 50% hits) and at 1 and
 // 32 rows at 90, 99 and 100% hits (production rows: the resolve in LRU
 // order), and the whole swap-in (resolve, then the row gather from the pinned
-// host pool) at 0, 50, 90, 99 and 100% hits. bench_hisparse_rig.hpp explains how each timed
+// host pool) at 0, 50, 90, 99 and 100% hits. bench_hisparse_rotation.hpp explains how each timed
 // launch gets its exact hit rate; after the timed replays the device's hit
 // and miss counters must show exactly that rate.
 //
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "bench_case.hpp"
-#include "bench_hisparse_rig.hpp"
+#include "bench_hisparse_rotation.hpp"
 
 namespace sparse_mla::cli {
 
@@ -42,18 +42,18 @@ class SwapInCase final : public BenchCase {
     rig_.resolve(stream, set);
     if (with_gather_) rig_.gather(stream, set);
   }
-  std::string check(Device& device, Stream& stream) override { return rig_.check(device, stream); }
+  std::string check(Device&, Stream& stream) override { return rig_.check(stream); }
 
-  void before_timed(Device& device, Stream& stream) override { counters_before_ = rig_.counters(device, stream); }
-  std::string after_timed(Device& device, Stream& stream, std::uint64_t launches, std::string& note) override {
-    const auto after = rig_.counters(device, stream);
+  void before_timed(Device&, Stream&) override { counters_before_ = rig_.counters(); }
+  std::string after_timed(Device&, Stream&, std::uint64_t launches, std::string& note) override {
+    const auto after = rig_.counters();
     const auto hits = static_cast<std::uint64_t>(after[0] - counters_before_[0]);
     const auto misses = static_cast<std::uint64_t>(after[1] - counters_before_[1]);
     return check_hit_counts(hits, misses, rig_.hits_per_launch() * launches, rig_.misses_per_launch() * launches, note);
   }
 
  private:
-  HiSparseRig rig_;
+  HiSparseRotation rig_;
   std::int32_t rows_;
   bool with_gather_;
   std::vector<std::int64_t> counters_before_;

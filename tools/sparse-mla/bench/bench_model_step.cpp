@@ -9,8 +9,8 @@
 // Bytes: the missed rows alone, 656 read over the host link and 656 written
 // per missed row per layer, so that the time they take at the pinned copy
 // ceiling of the same run ("at ceiling us": the floor) is what a step cannot beat; the rest
-// of the step is the bookkeeping the library adds. The groups' rigs
-// (bench_hisparse_rig.hpp) give every step its designed hit rate; after the
+// of the step is the bookkeeping the library adds. The groups' rotations
+// (bench_hisparse_rotation.hpp) give every step its designed hit rate; after the
 // timed replays the counters of every group must show exactly that rate.
 //
 // The 16 groups share the layers' pools and hot caches (layer i of every
@@ -27,7 +27,8 @@
 #include <vector>
 
 #include "bench_case.hpp"
-#include "bench_hisparse_rig.hpp"
+#include "bench_hisparse_rotation.hpp"
+#include "validation/hisparse_rig.hpp"
 
 namespace sparse_mla::cli {
 
@@ -72,10 +73,10 @@ class ModelStepCase final : public BenchCase {
 
   void setup(Device& device, Stream& stream, int sets) override {
     sets_ = sets;
-    for (HiSparseRig& rig : rigs_) rig.setup(device, stream, sets);
+    for (HiSparseRotation& rig : rigs_) rig.setup(device, stream, sets);
     const std::int64_t host_rows = rigs_.front().host_rows();  // of each layer's pool
     pool_ = device.allocate(static_cast<std::size_t>(index_every * host_rows * row_bytes), MemoryKind::pinned_host);
-    fill_pool(device, stream, pool_, seed_);
+    validation::fill_pool(stream, pool_, seed_);
     const Tensor pool = Tensor::of(pool_, DType::u8, {index_every * host_rows, row_bytes});
     for (std::int32_t i = 0; i < index_every; ++i) {
       layer_pools_.push_back(pool.rows(i * host_rows, (i + 1) * host_rows));
@@ -94,23 +95,23 @@ class ModelStepCase final : public BenchCase {
 
   // Group 0 from an empty state through the scalar model, then the rows its
   // layers gathered against their pools.
-  std::string check(Device& device, Stream& stream) override {
+  std::string check(Device&, Stream& stream) override {
     for (Buffer& cache : hot_caches_) stream.fill(cache, 0, 0xEE, cache.bytes());
-    std::string diff = rigs_.front().check(device, stream);
+    std::string diff = rigs_.front().check(stream);
     if (!diff.empty()) return "group 0: " + diff;
     gather_layers(stream, 0, 0);
     stream.synchronize();
     for (std::int32_t i = 0; i < layers_of_group(0); ++i) {
-      diff = rigs_.front().check_gathered(device, stream, hot_caches_[static_cast<std::size_t>(i)], seed_,
+      diff = rigs_.front().check_gathered(stream, hot_caches_[static_cast<std::size_t>(i)], seed_,
                                           i * rigs_.front().host_rows());
       if (!diff.empty()) return "layer " + std::to_string(i) + ": " + diff;
     }
     return "";
   }
 
-  void before_timed(Device& device, Stream& stream) override { counted_before_ = counted(device, stream); }
-  std::string after_timed(Device& device, Stream& stream, std::uint64_t launches, std::string& note) override {
-    const std::vector<std::uint64_t> after = counted(device, stream);
+  void before_timed(Device&, Stream&) override { counted_before_ = counted(); }
+  std::string after_timed(Device&, Stream&, std::uint64_t launches, std::string& note) override {
+    const std::vector<std::uint64_t> after = counted();
     return check_hit_counts(after[0] - counted_before_[0], after[1] - counted_before_[1],
                             static_cast<std::uint64_t>(model_groups) * rigs_.front().hits_per_launch() * launches,
                             misses_per_step() * launches, note);
@@ -136,10 +137,10 @@ class ModelStepCase final : public BenchCase {
   }
 
   // Hits and misses over every group's counters.
-  std::vector<std::uint64_t> counted(Device& device, Stream& stream) {
+  std::vector<std::uint64_t> counted() const {
     std::vector<std::uint64_t> sum(2, 0);
-    for (HiSparseRig& rig : rigs_) {
-      const std::vector<std::int64_t> c = rig.counters(device, stream);
+    for (const HiSparseRotation& rig : rigs_) {
+      const std::vector<std::int64_t> c = rig.counters();
       sum[0] += static_cast<std::uint64_t>(c[0]);
       sum[1] += static_cast<std::uint64_t>(c[1]);
     }
@@ -150,7 +151,7 @@ class ModelStepCase final : public BenchCase {
   std::int32_t fixed_;
   std::uint64_t seed_;
   int sets_ = 1;
-  std::vector<HiSparseRig> rigs_;
+  std::vector<HiSparseRotation> rigs_;
   Buffer pool_;                 // pinned: the index_every layer pools, one after another
   std::vector<Tensor> layer_pools_;
   std::vector<Buffer> hot_caches_;

@@ -1,6 +1,8 @@
 // The HiSparse swap-in at DeepSeek-V3.2's shapes (top-k 2048, 4096 hot slots
 // per request row, 656-byte rows, block size 64), set up so that every timed
-// launch has an exact, designed hit rate.
+// launch has an exact, designed hit rate, on the HiSparse rig of
+// tools/validation (validation/hisparse_rig.hpp: the tables, slot state,
+// host pool, hot cache and counters on the device).
 //
 // Each request row selects a *fixed* part (the same `fixed` positions every
 // step: always hits once loaded) and a *rotating* part (K - fixed positions
@@ -8,17 +10,18 @@
 // `sets` steps are disjoint and the cycle is long enough that a part is
 // evicted before it comes back, so in steady state every launch has exactly
 // `fixed` hits and K - fixed misses per row. The pinned host pool's bytes are
-// a function of their position (pool_word), so the gather is checked without
-// a host copy of the pool.
+// a function of their position (validation::pool_word), so the gather is
+// checked without a host copy of the pool.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "bench_data.hpp"
 #include "sparse_mla/device.hpp"
 #include "sparse_mla/hisparse_ops.hpp"
+#include "validation/hisparse_rig.hpp"
 
 namespace sparse_mla::cli {
 
@@ -42,28 +45,18 @@ inline std::int32_t fixed_for_hits(int hit_percent) {
   return static_cast<std::int32_t>((static_cast<std::int64_t>(HiSparseShape::top_k) * hit_percent + 50) / 100);
 }
 
-// Word `i` (8 bytes) of a benchmark's host pool.
-inline std::uint64_t pool_word(std::uint64_t seed, std::uint64_t i) { return BenchRng(seed ^ (i * 0xD1B54A32D192ED03ULL)).next(); }
-
-// Fills `pool` (pinned) with pool_word, in chunks through a staging buffer.
-void fill_pool(Device& device, Stream& stream, Buffer& pool, std::uint64_t seed);
-// "" when hot row `hot_row` of `hot_cache` (host copy, rows of row_bytes
-// packed) holds host row `host_row` of the pool.
-std::string compare_pool_row(const std::vector<std::uint8_t>& hot_cache, std::int64_t hot_row, std::int64_t host_row,
-                             std::uint64_t seed);
-
 // After the timed launches: sets `note` to the hit rate counted, and returns
 // "" when the counts are the design's, else what differs.
 std::string check_hit_counts(std::uint64_t hits, std::uint64_t misses, std::uint64_t want_hits, std::uint64_t want_misses,
                              std::string& note);
 
-class HiSparseRig {
+class HiSparseRotation {
  public:
   // rows: request rows of the batch; fixed: hits per row in steady state;
   // with_pool: allocate the host pool and the hot cache (for the gather);
   // rotate_outputs: every rotation set has its own outputs (else the sets
-  // share one, for a case whose many rigs would not fit otherwise).
-  HiSparseRig(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed, bool rotate_outputs = true);
+  // share one, for a case whose many rotations would not fit otherwise).
+  HiSparseRotation(std::int32_t rows, std::int32_t fixed, bool with_pool, std::uint64_t seed, bool rotate_outputs = true);
 
   // Sets a cycle of `sets` steps needs for the designed hit rate.
   int min_sets() const;
@@ -79,39 +72,35 @@ class HiSparseRig {
   // Resets the slot state to empty, runs set 0 (resolve, and the gather when
   // there is a pool) and compares the first and last rows with the scalar
   // model of tools/validation/reference and the gathered rows with the pool.
-  std::string check(Device& device, Stream& stream);
+  std::string check(Stream& stream);
   // After check(): "" when every row that set 0 swapped in is, in
   // `hot_cache` (laid out as the rig's own), host row `pool_row_offset` + g of
-  // a pool filled by fill_pool(pool_seed).
-  std::string check_gathered(Device& device, Stream& stream, const Buffer& hot_cache, std::uint64_t pool_seed,
-                             std::int64_t pool_row_offset);
+  // a pool filled by validation::fill_pool(pool_seed).
+  std::string check_gathered(Stream& stream, const Buffer& hot_cache, std::uint64_t pool_seed,
+                             std::int64_t pool_row_offset) const;
   // Hits and misses added to the group counters so far.
-  std::vector<std::int64_t> counters(Device& device, Stream& stream);
+  std::vector<std::int64_t> counters() const { return rig_->hit_miss_counters(); }
 
   // After setup: the outputs of a set (its swap lists), the host pool's rows
-  // and the hot cache's blocks the rig's tables address.
+  // and the hot cache's blocks the rotation's tables address.
   const HiSparseResolveOutputs& outputs(int set) const { return outputs_[static_cast<std::size_t>(set)]; }
   std::int64_t host_rows() const { return static_cast<std::int64_t>(rows_) * context_blocks_ * HiSparseShape::block_size; }
   std::int64_t hot_cache_blocks() const { return 1 + static_cast<std::int64_t>(rows_) * HiSparseShape::hot_blocks_per_row; }
 
  private:
   std::vector<std::int32_t> selection(int set) const;  // [rows, top_k]
-  void reset_state(Device& device, Stream& stream);
-  std::string compare_rows(Device& device, Stream& stream);
-  // Every row of the swap lists (downloaded) against the pool, in `cache`.
-  std::string compare_gathered(const std::vector<std::uint8_t>& cache, const std::vector<std::int32_t>& swap_host,
-                               const std::vector<std::int32_t>& swap_device, const std::vector<std::int32_t>& swaps,
-                               std::uint64_t pool_seed, std::int64_t pool_row_offset) const;
+  reference::HiSparseTables tables() const;
+  std::string compare_rows() const;
 
   std::int32_t rows_;
   std::int32_t fixed_;
   bool with_pool_;
   std::uint64_t seed_;
   bool rotate_outputs_;
-  int sets_ = 0;
   std::int32_t context_blocks_ = 0;  // source blocks per request
   std::vector<std::int32_t> source_table_;
-  Buffer logical_, source_, hot_table_, ids_, slot_rows_, lru_, counters_, pool_, hot_cache_;
+  std::unique_ptr<validation::HiSparseRig> rig_;
+  Buffer logical_, hot_table_, ids_;
   Buffer hot_indices_, attention_, swap_host_, swap_device_, valid_, swap_counts_;
   std::vector<HiSparseResolveInputs> inputs_;
   std::vector<HiSparseResolveOutputs> outputs_;
