@@ -179,9 +179,8 @@ dl::DLDevice dlpack_device_of_object(const py::handle& object, const char* name)
 // (python_spec.html), so that its destructor leaves the tensor to us.
 // `object` has passed dlpack_device_of_object, which answered `*where`
 // (nullptr: the capsule's device is taken as it is).
-Consumed consume(const py::handle& object, const char* name, const dl::DLDevice* where, const py::object& stream) {
+Consumed consume_capsule(const py::object& capsule, const char* name, const dl::DLDevice* where) {
   Consumed c;
-  const py::object capsule = stream.is_none() ? object.attr("__dlpack__")() : object.attr("__dlpack__")(py::arg("stream") = stream);
   PyObject* cap = capsule.ptr();
   if (PyCapsule_IsValid(cap, capsule_name)) {
     auto* managed = static_cast<dl::DLManagedTensor*>(PyCapsule_GetPointer(cap, capsule_name));
@@ -215,6 +214,11 @@ Consumed consume(const py::handle& object, const char* name, const dl::DLDevice*
     for (std::size_t i = rank; i-- > 1;) c.strides[i - 1] = c.strides[i] * c.shape[i];
   }
   return c;
+}
+
+Consumed consume(const py::handle& object, const char* name, const dl::DLDevice* where, const py::object& stream) {
+  const py::object capsule = stream.is_none() ? object.attr("__dlpack__")() : object.attr("__dlpack__")(py::arg("stream") = stream);
+  return consume_capsule(capsule, name, where);
 }
 
 // The view `c` describes, as a Tensor of `dtype`; the library's own messages
@@ -413,6 +417,23 @@ TensorArg import_tensor(const py::handle& object, const char* name, DeviceHandle
     const Tensor& v = tensor->view();
     arg.tensor = view_of(name, v.data(), v.dtype(), shape_of(v), strides_of(v), kind, owner);
     return arg;
+  }
+  if (runs_on_torchs_current_stream(stream) && is_torch_tensor(object)) {
+    // A torch tensor for a call on torch's own current stream: its capsule
+    // straight from torch, no handshake (torch's writes and the call are in
+    // one stream's order). A capsule of host memory takes the slow path,
+    // which tells pinned memory from pageable.
+    const py::object capsule = torch_to_dlpack(object);
+    if (!capsule.is_none()) {
+      Consumed c = consume_capsule(capsule, name, nullptr);
+      if (on_gpu_of(c.device, device)) {
+        const DType dtype = dtype_or_type_error(c.dtype, name);
+        place(c.device, device, kind, owner);
+        arg.tensor = view_of(name, c.data, dtype, c.shape, c.strides, kind, owner);
+        arg.keep = std::move(c.imported);
+        return arg;
+      }
+    }
   }
   const dl::DLDevice where = dlpack_device_of_object(object, name);
   py::object producer_stream = py::none();

@@ -152,7 +152,63 @@ void* native_handle_of(const py::handle& handle, const char* attribute) {
 namespace {
 thread_local bool torch_current_known = false;
 thread_local void* torch_current = nullptr;
+
+// torch's module once it is imported (nullptr before). The references are
+// kept for the life of the process: they must not be released after the
+// interpreter has finalised.
+PyObject* imported_torch() {
+  static PyObject* torch = nullptr;
+  if (torch == nullptr) {
+    PyObject* modules = PyImport_GetModuleDict();  // borrowed
+    PyObject* found = PyDict_GetItemString(modules, "torch");  // borrowed
+    if (found != nullptr) torch = py::reinterpret_borrow<py::object>(found).release().ptr();
+  }
+  return torch;
+}
+
+// torch's own function for what a call needs of it: torch._C.NAME, the
+// plain-int form of the public API (torch.cuda.current_stream builds a
+// Stream object a call, Tensor.__dlpack__ runs Python checks first); none
+// when this torch lacks it.
+const py::object& torch_c_function(const char* name, py::object*& cached) {
+  static const py::object none = py::none();
+  if (cached == nullptr) {
+    PyObject* torch = imported_torch();
+    if (torch == nullptr) return none;
+    py::object f = py::none();
+    const py::object c = py::reinterpret_borrow<py::object>(torch).attr("_C");
+    if (py::hasattr(c, name)) f = c.attr(name);
+    cached = new py::object(std::move(f));  // kept for the process (above)
+  }
+  return *cached;
+}
+
+// torch's current stream on device `index`, when torch is imported and has a
+// GPU build; false otherwise.
+bool torch_current_stream(int index, void*& native) {
+  PyObject* torch = imported_torch();
+  if (torch == nullptr) return false;
+  static py::object* raw = nullptr;
+  try {
+    const py::object& current = torch_c_function("_cuda_getCurrentRawStream", raw);
+    if (!current.is_none()) {
+      native = reinterpret_cast<void*>(current(index).cast<std::uintptr_t>());
+    } else {
+      const py::object stream = py::reinterpret_borrow<py::object>(torch).attr("cuda").attr("current_stream")(index);
+      native = native_handle_of(stream, "cuda_stream");
+    }
+    return true;
+  } catch (const py::error_already_set&) {
+    return false;  // torch without a GPU build: the library stream
+  }
+}
 }  // namespace
+
+py::object torch_to_dlpack(const py::handle& tensor) {
+  static py::object* to_dlpack = nullptr;
+  const py::object& f = torch_c_function("_to_dlpack", to_dlpack);
+  return f.is_none() ? py::none() : f(tensor);
+}
 
 bool runs_on_torchs_current_stream(const Stream& stream) {
   return torch_current_known && stream.native_handle() == torch_current;
@@ -174,24 +230,13 @@ CallStream resolve_stream(const std::shared_ptr<DeviceHandle>& device, const py:
   if (device->backend() != Backend::host) {
     // The caller's current torch stream, when torch is in use (torch on ROCm
     // names HIP streams torch.cuda too).
-    const py::dict modules = py::module_::import("sys").attr("modules");
-    if (modules.contains("torch")) {
-      void* native = nullptr;
-      bool found = false;
-      try {
-        const py::object current = modules["torch"].attr("cuda").attr("current_stream")(device->index());
-        native = native_handle_of(current, "cuda_stream");
-        found = true;
-      } catch (const py::error_already_set&) {
-        // torch without a GPU build: the library stream.
-      }
-      if (found) {
-        torch_current_known = true;
-        torch_current = native;
-        const std::shared_ptr<Stream>& wrapped = device->wrapped_stream(native);
-        call.ref = std::make_shared<PyStream>(PyStream{device, wrapped, wrapped.get()});
-        return call;
-      }
+    void* native = nullptr;
+    if (torch_current_stream(device->index(), native)) {
+      torch_current_known = true;
+      torch_current = native;
+      const std::shared_ptr<Stream>& wrapped = device->wrapped_stream(native);
+      call.ref = std::make_shared<PyStream>(PyStream{device, wrapped, wrapped.get()});
+      return call;
     }
   }
   call.ref = std::make_shared<PyStream>(PyStream{device, device, &device->library_stream()});

@@ -96,6 +96,11 @@ struct CallStream {
 // stream handshake: torch's writes and the call are in one stream's order.
 bool runs_on_torchs_current_stream(const Stream& stream);
 
+// A torch tensor's DLPack capsule without the Python-level checks and stream
+// handshake of Tensor.__dlpack__ (torch._C._to_dlpack), for a call that runs
+// on torch's current stream; None when torch has no such function.
+py::object torch_to_dlpack(const py::handle& tensor);
+
 // The opened device (backend, index), one per process.
 std::shared_ptr<DeviceHandle> open_device_handle(const std::string& backend, int index);
 // Drops the devices open_device cached (at interpreter exit, before the
