@@ -78,7 +78,7 @@ elif command -v compute-sanitizer >/dev/null; then
     run "memcheck-$(basename "$t")" compute-sanitizer --tool memcheck --leak-check no --report-api-errors no \
       --error-exitcode 9 "$t" --gtest_filter='*/cuda' --gtest_brief=1
   done
-  for t in topk_convert_test topk_convert_dcp_test fp8_upconvert_test hisparse_resolve_test hisparse_rows_test; do
+  for t in topk_convert_test topk_convert_dcp_test fp8_upconvert_test model1_gather_test hisparse_resolve_test hisparse_rows_test; do
     for tool in racecheck synccheck; do
       run "$tool-$t" timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 \
         "$build/bin/$t" --gtest_filter='*/cuda' --gtest_brief=1
