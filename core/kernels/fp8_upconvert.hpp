@@ -93,6 +93,7 @@ struct DsMlaRows {
   static constexpr int out_width = 576;
   static constexpr int rope_offset = 528;  // of the RoPE bytes in the token
   static constexpr bool host_backed = true;  // the host-backed variant reads these rows
+  static constexpr bool scales_in_row = true;  // at fp8_scales_offset
   // The scales of unit k's halves (values 8k.. and 256 + 8k..: scales k / 16
   // and k / 16 + 2), as float bits: two 4-byte loads.
   template <bool Vector, device::Fetch How>
@@ -114,6 +115,7 @@ struct Model1Pages {
   static constexpr int out_width = 512;
   static constexpr int rope_offset = 448;
   static constexpr bool host_backed = false;
+  static constexpr bool scales_in_row = false;  // in the page's scale groups
   // Unit k's halves lie in tiles k / 8 and (k + 28) / 8 (224 = 3.5 tiles):
   // bytes of the token's scale group, read in one 8-byte load.
   template <bool Vector, device::Fetch How>
@@ -296,14 +298,14 @@ struct Fp8Upconvert {
     return false;
   }
 
-  // Where a token's data and scales are read from.
+  // Where a token's data and scales are read from: rows that hold their
+  // scales (Layout::scales_in_row) need no second pointer, which would cost
+  // the many-page launch a register over its bound.
   struct Token {
-    const std::uint8_t* data;    // the token's fp8 values and RoPE bytes
-    const std::uint8_t* scales;  // its scales
+    const std::uint8_t* data;    // the token's fp8 values and RoPE bytes; nullptr: no source
+    const std::uint8_t* scales;  // model1_fp8: its scale group
   };
-  KOKKOS_INLINE_FUNCTION static Token row_token(const std::uint8_t* row) {
-    return Token{row, row == nullptr ? nullptr : row + fp8_scales_offset};
-  }
+  KOKKOS_INLINE_FUNCTION static Token row_token(const std::uint8_t* row) { return Token{row, nullptr}; }
 
   // Flat device row `row` of the host-backed variant's staged rows, or
   // nullptr when the cache does not hold it.
@@ -390,7 +392,8 @@ struct Fp8Upconvert {
     if (k < nope_units) {
       fp8::load8<Vector, fetch>(src.data + 8 * k, l.in);
       fp8::load8<Vector, fetch>(src.data + Layout::half_values + 8 * k, l.in + 2);
-      Layout::template scale_bits<Vector, fetch>(src.scales, k, l.scale_bits);
+      const std::uint8_t* scales = Layout::scales_in_row ? src.data + fp8_scales_offset : src.scales;
+      Layout::template scale_bits<Vector, fetch>(scales, k, l.scale_bits);
     } else {
       fp8::load16<Vector, fetch>(src.data + Layout::rope_offset + 16 * (k - nope_units), l.in);
     }
@@ -409,18 +412,16 @@ struct Fp8Upconvert {
     }
   }
 
-  // Loads unit u of the team's rows; returns its output row, or nullptr when
-  // the row has no source or no output.
-  KOKKOS_INLINE_FUNCTION std::uint16_t* load(const Page& page, std::int64_t id, std::int32_t first, std::int32_t u,
+  // Loads unit u of the team's rows (token0 the first row's token in block
+  // id, out0 its output row); returns the unit's output row, or nullptr when
+  // the row has no source.
+  KOKKOS_INLINE_FUNCTION std::uint16_t* load(std::int64_t id, std::int64_t token0, std::uint16_t* out0, std::int32_t u,
                                              Loaded& l) const {
-    const std::int32_t i = first + u / units_per_row;  // 32-bit: a constant divisor is a multiply
-    const std::int64_t output = page.first_output + i;
-    const Token src = source_token(id, page.first_token + i);
-    if (output < 0 || src.data == nullptr) return nullptr;
+    const std::int32_t i = u / units_per_row;  // 32-bit: a constant divisor is a multiply
+    const Token src = source_token(id, token0 + i);
+    if (src.data == nullptr) return nullptr;
     load_unit(src, u % units_per_row, l);
-    std::uint16_t* slice = a.dst;
-    if constexpr (Requests == Gather::positions) slice += page.request * a.dst_request_stride;
-    return slice + output * a.dst_row_stride;
+    return out0 + i * a.dst_row_stride;
   }
 
   // A team converts `rows_per_task` rows of one page, units_per_row units
@@ -444,19 +445,32 @@ struct Fp8Upconvert {
     const auto chunks = static_cast<TaskIndex>(chunks_per_page);
     Page page{};
     if (!(by_group ? page_of_group(group_lane, loads, task / chunks, page) : page_of(task / chunks, page))) return;
-    const std::int32_t first = static_cast<std::int32_t>(task % chunks) * rows_per_task;
+    std::int32_t first = static_cast<std::int32_t>(task % chunks) * rows_per_task;
     const std::int32_t page_rows = static_cast<std::int32_t>(page.rows);
     if (first >= page_rows) return;
-    const std::int32_t rows = page_rows - first < rows_per_task ? page_rows - first : rows_per_task;
+    std::int32_t rows = page_rows - first < rows_per_task ? page_rows - first : rows_per_task;
+    // Rows before output row 0 (from workspace starts the call does not read
+    // on the host) are not written.
+    if (page.first_output + first < 0) {
+      const std::int64_t skipped = -(page.first_output + first);
+      if (skipped >= rows) return;
+      first += static_cast<std::int32_t>(skipped);
+      rows -= static_cast<std::int32_t>(skipped);
+    }
+    // The first row's token and output row, once a team: its units need only
+    // their row within the team.
     const std::int64_t id = block_id(page);
+    const std::int64_t token0 = page.first_token + first;
+    std::uint16_t* out0 = a.dst + (page.first_output + first) * a.dst_row_stride;
+    if constexpr (Requests == Gather::positions) out0 += page.request * a.dst_request_stride;
     const std::int32_t units = rows * units_per_row;
     const std::int32_t lanes = team.team_size();
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, lanes), [&](const std::int32_t lane) {
       for (std::int32_t u0 = lane; u0 < units; u0 += 2 * lanes) {
         const std::int32_t u1 = u0 + lanes;
         Loaded l0{}, l1{};
-        std::uint16_t* d0 = load(page, id, first, u0, l0);
-        std::uint16_t* d1 = u1 < units ? load(page, id, first, u1, l1) : nullptr;
+        std::uint16_t* d0 = load(id, token0, out0, u0, l0);
+        std::uint16_t* d1 = u1 < units ? load(id, token0, out0, u1, l1) : nullptr;
         if (d0 != nullptr) store_unit(l0, d0, u0 % units_per_row);
         if (d1 != nullptr) store_unit(l1, d1, u1 % units_per_row);
       }
@@ -510,7 +524,9 @@ void launch_upconvert(const Space& space, const Fp8UpconvertArgs& a) {
                 : static_cast<int>(std::min<std::int64_t>(many_pages_threads, whole_groups((task_units + 3) / 4))));
   const int teams = static_cast<int>(tasks * chunks);
   using Shape = UpconvertShape;
-  auto launch = [&](const auto& policy, auto shape) {
+  // The aligned kernels under `policy`; the unaligned ones (byte loads and
+  // stores, a fallback) under `unaligned_policy`, which bounds no registers.
+  auto launch = [&](const auto& policy, const auto& unaligned_policy, auto shape) {
     constexpr Shape vector_shape = decltype(shape)::value;
     // Unaligned rows take no streaming stores (store16 has none for them).
     constexpr Shape scalar_shape = vector_shape == Shape::many_pages_streaming ? Shape::many_pages : vector_shape;
@@ -522,16 +538,17 @@ void launch_upconvert(const Space& space, const Fp8UpconvertArgs& a) {
                              Fp8Upconvert<Space, Layout, Requests, true, Split, vector_shape>{rows_per_task, chunks32,
                                                                                                split, a});
       } else {
-        Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", policy,
+        Kokkos::parallel_for("sparse_mla::gather_upconvert_fp8", unaligned_policy,
                              Fp8Upconvert<Space, Layout, Requests, false, Split, scalar_shape>{rows_per_task, chunks32,
                                                                                                 split, a});
       }
     });
   };
+  const Kokkos::TeamPolicy<Space> plain_policy(space, teams, team);
   if constexpr (is_host_space<Space>) {
-    launch(Kokkos::TeamPolicy<Space>(space, teams, team), std::integral_constant<Shape, Shape::many_pages>{});
+    launch(plain_policy, plain_policy, std::integral_constant<Shape, Shape::many_pages>{});
   } else if (few_pages) {
-    launch(Kokkos::TeamPolicy<Space>(space, teams, team), std::integral_constant<Shape, Shape::few_pages>{});
+    launch(plain_policy, plain_policy, std::integral_constant<Shape, Shape::few_pages>{});
   } else {
     // Eight 160-thread teams an SM, which the compiler fits without spills
     // (ten teams an SM spill). Outputs several times the size of a GPU's L2
@@ -539,9 +556,9 @@ void launch_upconvert(const Space& space, const Fp8UpconvertArgs& a) {
     const Kokkos::TeamPolicy<Space, MeasuredLaunchBounds<Space, many_pages_threads, 8>> policy(space, teams, team);
     constexpr std::int64_t streaming_output_bytes = std::int64_t{256} << 20;
     if (output_rows * 2 * Layout::out_width > streaming_output_bytes) {
-      launch(policy, std::integral_constant<Shape, Shape::many_pages_streaming>{});
+      launch(policy, plain_policy, std::integral_constant<Shape, Shape::many_pages_streaming>{});
     } else {
-      launch(policy, std::integral_constant<Shape, Shape::many_pages>{});
+      launch(policy, plain_policy, std::integral_constant<Shape, Shape::many_pages>{});
     }
   }
 }
