@@ -1,7 +1,8 @@
-"""Builds the extension module `sparse_mla` through the project's CMake
-(python/CMakeLists.txt): configure into build/python-package with the
-interpreter running this script, build the one target, copy the module where
-setuptools packs it. Extra CMake arguments: SPARSE_MLA_CMAKE_ARGS."""
+"""Builds the package `sparse_mla` (python/sparse_mla) and its extension
+`sparse_mla._native` through the project's CMake (python/CMakeLists.txt):
+configure into build/python-package with the interpreter running this script,
+build the one target, copy the extension where setuptools packs it beside the
+package's Python modules. Extra CMake arguments: SPARSE_MLA_CMAKE_ARGS."""
 
 import os
 import shlex
@@ -39,9 +40,10 @@ class CMakeBuild(build_ext):
         subprocess.run(args, check=True)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
         subprocess.run(["cmake", "--build", str(BUILD), "--target", "sparse_mla_python", "-j", jobs], check=True)
-        built = sorted((BUILD / "python").glob("sparse_mla*.so")) + sorted((BUILD / "python").glob("sparse_mla*.pyd"))
+        package = BUILD / "python" / "sparse_mla"
+        built = sorted(package.glob("_native*.so")) + sorted(package.glob("_native*.pyd"))
         if not built:
-            raise RuntimeError("CMake built no sparse_mla module: look for 'Python module skipped' in its output above")
+            raise RuntimeError("CMake built no sparse_mla extension: look for 'Python module skipped' in its output above")
         target = Path(self.get_ext_fullpath(ext.name))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(built[0], target)
@@ -49,8 +51,9 @@ class CMakeBuild(build_ext):
 
 (BUILD / "egg-info").mkdir(parents=True, exist_ok=True)
 setup(
-    ext_modules=[CMakeExtension("sparse_mla")],
-    packages=[],  # one extension module, no Python packages (no discovery over core/, cmake/, ...)
+    ext_modules=[CMakeExtension("sparse_mla._native")],
+    packages=["sparse_mla"],  # named, so that nothing is discovered over core/, cmake/, ...
+    package_dir={"sparse_mla": "python/sparse_mla"},
     py_modules=[],
     cmdclass={"build_ext": CMakeBuild},
     # setuptools' own files go under the CMake build folder too, not into build/ beside the presets.

@@ -113,7 +113,16 @@ std::unique_ptr<Stream> Device::create_stream() {
 
 std::unique_ptr<Stream> Device::wrap_stream(void* native) {
   std::unique_ptr<Stream> stream = make_wrapped_stream(native);
-  if (kernels_ != nullptr) kernels_->bind(*stream);
+  if (kernels_ != nullptr) {
+    // Binding makes the stream's Kokkos instance, which allocates: a capture
+    // forbids that, and Kokkos would abort the process on the error.
+    if (stream->is_capturing()) {
+      fail("Device::wrap_stream", "the native stream ", native,
+           " is capturing a graph and has no kernels bound yet (binding allocates, which a capture forbids): "
+           "wrap it, or run one call on it, before the capture begins");
+    }
+    kernels_->bind(*stream);
+  }
   return stream;
 }
 

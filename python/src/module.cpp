@@ -1,6 +1,8 @@
-// The Python module `sparse_mla` (docs/python.md): the library's devices,
+// The extension `sparse_mla._native` (docs/python.md): the library's devices,
 // streams, operations and index groups with the reference's Python
-// signatures, tensors through DLPack.
+// signatures, tensors through DLPack. The package `sparse_mla`
+// (python/sparse_mla) re-exports it and adds the torch ops and the
+// reference-named functions, in Python.
 //
 // Errors: every sparse_mla::Error (a rejected argument names the call, the
 // argument and the values, and nothing was written) becomes a ValueError
@@ -27,7 +29,7 @@ bool is_dtype_mismatch(const char* message) {
 }  // namespace
 }  // namespace sparse_mla::python
 
-PYBIND11_MODULE(sparse_mla, m) {
+PYBIND11_MODULE(_native, m) {
   namespace sp = sparse_mla::python;
   m.doc() = "sparse-mla: DeepSeek-V3.2 sparse MLA attention bookkeeping (index groups, top-k conversion, FP8 "
             "gather-upconvert, HiSparse) on host, CUDA and HIP devices. Tensors through DLPack.";

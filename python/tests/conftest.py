@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import sparse_mla
-from support import BACKEND, Arrays
+from support import BACKEND, TORCH_VERSION, Arrays, TorchCpuArrays
 
 
 def pytest_report_header(config):
@@ -29,6 +29,22 @@ def device():
 @pytest.fixture
 def arrays(device):
     return Arrays(device)
+
+
+# The producers a backend's calls are tested with: on the host NumPy and torch
+# CPU tensors, on a GPU torch tensors of that device.
+PRODUCERS = ["numpy", "torch"] if BACKEND == "host" else ["torch"]
+
+
+@pytest.fixture(params=PRODUCERS)
+def producer_arrays(request, device):
+    """Arrays of each producer of the backend under test (torch CPU tensors
+    skip where torch is absent)."""
+    if request.param == "numpy" or BACKEND != "host":
+        return Arrays(device)
+    if TORCH_VERSION is None:
+        pytest.skip("needs torch (torch CPU tensors on the host backend)")
+    return TorchCpuArrays(device)
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ class Arrays:
     back: on the host backend NumPy arrays themselves (the module views them
     in place), on a GPU torch tensors of that device (torch's current stream
     orders them; reading back waits for it). The tests build their inputs and
-    scalar models in NumPy and call the module with arrays(...) of them."""
+    scalar models in NumPy and call the module with arrays(...) of them.
+    TorchCpuArrays is the host backend's other producer: torch CPU tensors."""
 
     def __init__(self, device):
         self.device = device
@@ -33,6 +34,10 @@ class Arrays:
 
             self.torch = torch
             self.where = torch.device("cuda", device.index)
+
+    @property
+    def framework(self):
+        return "numpy" if self.host else "torch"
 
     def __call__(self, array):
         """The backend's copy of a NumPy array (the array itself on the host)."""
@@ -166,3 +171,66 @@ class PinnedByDeviceOnly:
 
     def __dlpack__(self, stream=None):
         return self.array.__dlpack__()
+
+
+class TorchCpuArrays(Arrays):
+    """The host backend fed torch CPU tensors: views of the NumPy data (so a
+    poisoned NumPy buffer and its tensor are one memory), results read back
+    through torch."""
+
+    def __init__(self, device):
+        import torch
+
+        super().__init__(device)
+        self.torch = torch
+        self.where = torch.device("cpu")
+
+    @property
+    def framework(self):
+        return "torch"
+
+    def __call__(self, array):
+        array = np.ascontiguousarray(array)
+        if array.dtype == np.uint16:  # bf16 bits: torch has no uint16 tensors everywhere
+            return self.torch.from_numpy(array.view(np.int16))
+        return self.torch.from_numpy(array)
+
+    def bf16(self, bits):
+        return (bits if isinstance(bits, self.torch.Tensor) else self(bits)).view(self.torch.bfloat16)
+
+    def numpy(self, x):
+        if isinstance(x, np.ndarray):
+            return x
+        t = x if isinstance(x, self.torch.Tensor) else self.torch.from_dlpack(x)
+        if t.dtype == self.torch.bfloat16:
+            return t.view(self.torch.int16).numpy().view(np.uint16)
+        return t.numpy()
+
+    def set(self, dst, index, values):
+        dst[index] = self.torch.as_tensor(np.asarray(values, dtype=self.numpy_dtype(dst)))
+
+    def fill(self, x, value):
+        (x if isinstance(x, self.torch.Tensor) else self.torch.from_dlpack(x)).fill_(value)
+
+    def data_ptr(self, x):
+        return x.data_ptr() if isinstance(x, self.torch.Tensor) else x.data_ptr
+
+    def numpy_dtype(self, x):
+        return self.torch.empty(0, dtype=x.dtype).numpy().dtype
+
+
+def torch_version():
+    """(major, minor) of the importable torch, or None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return tuple(int(part) for part in torch.__version__.split(".")[:2])
+
+
+TORCH_VERSION = torch_version()
+needs_torch = pytest.mark.skipif(TORCH_VERSION is None, reason="needs torch")
+needs_torch_2_4 = pytest.mark.skipif(
+    TORCH_VERSION is None or TORCH_VERSION < (2, 4),
+    reason=f"needs torch >= 2.4 (torch.library.register_fake, opcheck, torch.compile); this torch is "
+           f"{'absent' if TORCH_VERSION is None else '.'.join(map(str, TORCH_VERSION))}")

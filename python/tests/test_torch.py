@@ -64,18 +64,25 @@ def test_torch_streams_and_events_are_wrapped_and_never_destroyed(device, torch)
     side.synchronize()
 
 
-def test_results_are_handed_to_torch_without_a_copy_and_stay_alive(arrays, torch, rng):
+def test_results_are_torch_tensors_and_the_librarys_own_stay_alive_in_torch(device, arrays, torch, rng):
     req_id, table, logical = random_conversion_inputs(rng, T=6, K=K)
-    physical, counts = sparse_mla.convert_req_index_to_global_index(
-        arrays(req_id), arrays(table), arrays(logical), block_size=16, return_valid_counts=True)
-    assert physical.kind == "device" and physical.__dlpack_device__() == (2, 0)
-    viewed = torch.from_dlpack(physical)
-    assert viewed.data_ptr() == physical.data_ptr and viewed.is_cuda
-    del physical, counts
+    inputs = arrays(req_id), arrays(table), arrays(logical)
+    want = convert(req_id, table, logical, 16)[0]
+    # On torch's current stream: tensors torch allocates (its caching allocator, its graph pools).
+    before = torch.cuda.memory_allocated()
+    physical, counts = sparse_mla.convert_req_index_to_global_index(*inputs, block_size=16, return_valid_counts=True)
+    assert isinstance(physical, torch.Tensor) and physical.is_cuda and physical.device == inputs[2].device
+    assert torch.cuda.memory_allocated() > before
+    np.testing.assert_array_equal(physical.cpu().numpy(), want)
+    # On a library stream: the library's buffer, viewed by torch without a copy and kept alive by the view.
+    stream = device.create_stream()
+    stream.wait_stream(device.default_stream())
+    viewed = sparse_mla.convert_req_index_to_global_index(*inputs, block_size=16, stream=stream)
+    assert isinstance(viewed, torch.Tensor) and viewed.is_cuda
     gc.collect()
     for _ in range(4):  # allocations that would reuse freed memory
-        sparse_mla.convert_req_index_to_global_index(arrays(req_id), arrays(table), arrays(logical), block_size=16)
-    np.testing.assert_array_equal(viewed.cpu().numpy(), convert(req_id, table, logical, 16)[0])
+        sparse_mla.convert_req_index_to_global_index(*inputs, block_size=16, stream=stream)
+    np.testing.assert_array_equal(viewed.cpu().numpy(), want)  # torch's stream waited for the library's
 
 
 def test_host_memory_is_refused_and_pinned_memory_is_taken_where_allowed(device, arrays, torch, rng):
@@ -137,3 +144,38 @@ def test_a_whole_decode_step_captured_by_torch_replays_with_new_inputs(device, a
         for physical, counts in results:
             np.testing.assert_array_equal(arrays.numpy(physical), want_physical)
             np.testing.assert_array_equal(arrays.numpy(counts), want_counts)
+
+
+def test_torchs_default_capture_stream_captures_the_ops_after_an_eager_call(arrays, torch, rng):
+    """torch.cuda.graph(g) with no stream captures on a stream of torch's own: the
+    package binds it at its first GPU call, so warming up on any stream is enough."""
+    T = 4
+    req_id, table, logical = (arrays(a) for a in random_conversion_inputs(rng, T=T, K=K))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # torch's documented warm-up
+        sparse_mla.convert_req_index_to_global_index(req_id, table, logical, block_size=16)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        physical, counts = sparse_mla.convert_req_index_to_global_index(req_id, table, logical, block_size=16,
+                                                                        return_valid_counts=True)
+    for _ in range(2):
+        r, b, rows = random_conversion_inputs(rng, T=T, K=K)
+        for tensor, values in ((req_id, r), (table, b), (logical, rows)):
+            tensor.copy_(torch.from_numpy(values))
+        physical.fill_(POISON)
+        graph.replay()
+        want_physical, want_counts = convert(r, b, rows, 16)
+        np.testing.assert_array_equal(arrays.numpy(physical), want_physical)
+        np.testing.assert_array_equal(arrays.numpy(counts), want_counts)
+
+
+def test_a_capture_on_a_stream_the_library_never_ran_on_is_refused_with_the_reason(arrays, torch, rng):
+    req_id, table, logical = (arrays(a) for a in random_conversion_inputs(rng, T=2, K=K))
+    torch.cuda.synchronize()
+    fresh = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=fresh):
+        with pytest.raises(ValueError, match="is capturing a graph and has no kernels bound yet"):
+            sparse_mla.convert_req_index_to_global_index(req_id, table, logical, block_size=16)

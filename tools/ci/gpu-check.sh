@@ -143,7 +143,7 @@ fi
 # SPARSE_MLA_TEST_BACKEND=cuda), then the seed's protocol from Python in a
 # torch.cuda.graph capture beside the reference's conversion.
 if want python; then
-  if [ ! -d "$build/python" ] || ! ls "$build"/python/sparse_mla*.so >/dev/null 2>&1; then
+  if [ ! -d "$build/python" ] || ! ls "$build"/python/sparse_mla/_native*.so >/dev/null 2>&1; then
     echo "python: the module was not built (see $out/configure.log)"
     status=1
   else
@@ -155,6 +155,8 @@ if want python; then
     if [ -n "${REFERENCE_SPARSE_UTILS:-}" ]; then
       run python-graph env PYTHONPATH="$build/python" "$python" tools/bench/python_graph_check.py "$REFERENCE_SPARSE_UTILS"
       cat "$out/python-graph.log"
+      run torch-ops env PYTHONPATH="$build/python" "$python" tools/bench/torch_ops_check.py "$REFERENCE_SPARSE_UTILS"
+      cat "$out/torch-ops.log"
     fi
   fi
 fi

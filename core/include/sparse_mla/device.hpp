@@ -172,7 +172,9 @@ class Device : public std::enable_shared_from_this<Device> {
   // library takes one, the kernels' Kokkos instance bound to it here, once.
   // The library never destroys the native stream; the engine keeps it alive
   // while the returned Stream and the work queued on it live. The host
-  // backend has no native streams and throws Error saying so.
+  // backend has no native streams and throws Error saying so. A stream that
+  // is capturing a graph cannot be wrapped (binding the kernels allocates):
+  // Error, before anything is bound.
   std::unique_ptr<Stream> wrap_stream(void* native);
   // The engine's own event (cudaEvent_t, hipEvent_t), never destroyed by the
   // library. The host backend throws Error.
