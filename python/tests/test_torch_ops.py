@@ -175,7 +175,7 @@ def test_compile_traces_a_function_that_converts_and_gathers_with_no_graph_break
         physical, counts = vllm.triton_convert_req_index_to_global_index(
             req_id, table, logical, BLOCK_SIZE=block_size, NUM_TOPK_TOKENS=K, return_valid_counts=True)
         vllm.cp_gather_and_upconvert_fp8_kv_cache(cache, dst, table, starts, 2)
-        return physical + 0, counts
+        return physical, counts
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     bits = arrays.poisoned((24, 576), np.uint16, BF16_POISON)
