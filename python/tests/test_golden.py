@@ -78,9 +78,10 @@ def test_fp8_golden_cases_upconvert_exactly_through_a_plain_group(arrays, stem):
 
 
 @pytest.mark.parametrize("stem", V4_CASES)
-def test_v4_golden_cases_upconvert_exactly_as_a_workspace_gather(arrays, stem):
+def test_v4_golden_cases_upconvert_exactly_as_a_workspace_gather(producer_arrays, stem):
     """Each request's last gather_lens tokens (from seq_starts = seq_lens - gather_lens) into consecutive rows of
-    dst give the rows the file's position-range gather wrote."""
+    dst give the rows the file's position-range gather wrote (torch tensors: through the torch op)."""
+    arrays = producer_arrays
     t, meta = read_case(stem)
     seq_lens, gather_lens = t["seq_lens"], t["gather_lens"]
     starts = np.concatenate([[0], np.cumsum(gather_lens)[:-1]]).astype(np.int32)
