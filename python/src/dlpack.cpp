@@ -392,13 +392,10 @@ py::object result_object(const std::shared_ptr<DeviceHandle>& device, const Tens
   return py::cast(export_view(device, view, std::move(owner), std::move(producer)));
 }
 
-namespace {
-// A torch.Tensor (or a subclass from torch: nn.Parameter).
 bool is_torch_tensor(const py::handle& object) {
   const py::object module = py::type::handle_of(object).attr("__module__");
   return py::isinstance<py::str>(module) && module.cast<std::string>().rfind("torch", 0) == 0;
 }
-}  // namespace
 
 TensorArg import_tensor(const py::handle& object, const char* name, DeviceHandle& device, Stream& stream) {
   TensorArg arg;

@@ -148,6 +148,10 @@ struct TensorArg {
 // argument's name in TypeErrors (no __dlpack__, a dtype no operation takes).
 TensorArg import_tensor(const py::handle& object, const char* name, DeviceHandle& device, Stream& stream);
 
+// Whether `object` is a torch.Tensor (or a subclass from torch: nn.Parameter),
+// told by its type's module, without importing torch.
+bool is_torch_tensor(const py::handle& object);
+
 // The backend and index a DLPack device belongs to ("host" for CPU memory),
 // for calls that find their device from their tensors.
 std::pair<std::string, int> backend_of_dlpack_device(const py::handle& object);

@@ -41,7 +41,9 @@ struct GroupCore {
 class PyGroup {
  public:
   PyGroup(std::shared_ptr<GroupCore> core, py::object logical_topk_indices)
-      : core_(std::move(core)), logical_topk_indices_(std::move(logical_topk_indices)) {}
+      : core_(std::move(core)),
+        logical_topk_indices_(std::move(logical_topk_indices)),
+        torch_(is_torch_tensor(logical_topk_indices_)) {}
   virtual ~PyGroup() = default;
   PyGroup(const PyGroup&) = delete;
   PyGroup& operator=(const PyGroup&) = delete;
@@ -53,12 +55,69 @@ class PyGroup {
 
   // A view of the group's memory, kept alive with the group.
   std::shared_ptr<PyTensor> view(const Tensor& t) const { return export_view(core_->device, t, core_); }
+
+  // A conversion's results (a tensor or a tuple, conversion_result's) as the
+  // group's caller takes them: for a group built on a torch logical top-k,
+  // torch tensors; rows of the group's workspaces are narrowed from one torch
+  // view of each workspace, the last narrowing kept, so that every layer of
+  // a step gets the same tensor object at no cost.
+  py::object hand_out(const py::object& result) const {
+    if (!torch_) return result;
+    if (py::isinstance<py::tuple>(result)) {
+      const py::tuple in = py::reinterpret_borrow<py::tuple>(result);
+      py::tuple out(in.size());
+      for (std::size_t i = 0; i < in.size(); ++i) out[i] = hand_out(in[i]);
+      return std::move(out);
+    }
+    if (!py::isinstance<PyTensor>(result)) return result;  // the caller's own buffer
+    const Tensor& v = result.cast<const PyTensor&>().view();
+    const Tensor workspaces[2] = {group().physical_workspace(), group().valid_counts_workspace()};
+    for (int i = 0; i < 2; ++i) {
+      if (rows_of(v, workspaces[i])) return workspace_rows(i, workspaces[i], v.dim(0));
+    }
+    return torch_from_dlpack(result);
+  }
+  // The group's whole workspace as its caller takes it (physical_topk_indices, valid_topk_counts).
+  py::object workspace(int which) const {
+    const Tensor w = which == 0 ? group().physical_workspace() : group().valid_counts_workspace();
+    if (!torch_) return py::cast(view(w));
+    return workspace_rows(which, w, w.dim(0));
+  }
   std::shared_ptr<PyStream> stream(Stream& s) const { return std::make_shared<PyStream>(PyStream{core_->device, core_, &s}); }
   std::shared_ptr<PyEvent> event(Event& e) const { return std::make_shared<PyEvent>(PyEvent{core_->device, core_, &e}); }
 
  private:
+  // Whether v is the first rows of w.
+  static bool rows_of(const Tensor& v, const Tensor& w) {
+    if (!w.defined() || v.data() != w.data() || v.dtype() != w.dtype() || v.rank() != w.rank()) return false;
+    if (v.rank() == 0 || v.dim(0) > w.dim(0)) return false;
+    for (int d = 0; d < v.rank(); ++d) {
+      if ((d > 0 && v.dim(d) != w.dim(d)) || v.stride(d) != w.stride(d)) return false;
+    }
+    return true;
+  }
+  static py::object torch_from_dlpack(const py::object& tensor) {
+    return py::module_::import("torch").attr("from_dlpack")(tensor);
+  }
+  py::object workspace_rows(int which, const Tensor& w, std::int64_t rows) const {
+    TorchWorkspace& t = torch_workspaces_[which];
+    if (t.whole.is_none()) t.whole = torch_from_dlpack(py::cast(view(w)));
+    if (rows != t.rows) {
+      t.narrowed = rows == w.dim(0) ? t.whole : t.whole.attr("narrow")(0, 0, rows);
+      t.rows = rows;
+    }
+    return t.narrowed;
+  }
+
+  struct TorchWorkspace {
+    py::object whole = py::none();
+    std::int64_t rows = -1;
+    py::object narrowed = py::none();
+  };
   std::shared_ptr<GroupCore> core_;
   py::object logical_topk_indices_;
+  bool torch_;
+  mutable TorchWorkspace torch_workspaces_[2];
 };
 
 // sparse_mla.HiSparseMLAIndexGroup.
@@ -321,7 +380,7 @@ py::object convert_logical_to_physical_topk(const PyGroup& g, int layer_index, c
   TopkConversion conversion = g.group().convert_logical_to_physical_topk(layer_index, s, logical.tensor, args.batch, stride,
                                                                          return_valid_counts, o.tensor, vo.tensor);
   call.finish();
-  return conversion_result(g.device(), std::move(conversion), o, vo, return_valid_counts, g.core(), call);
+  return g.hand_out(conversion_result(g.device(), std::move(conversion), o, vo, return_valid_counts, g.core(), call));
 }
 
 py::object gather_fp8_prefill(const PyGroup& g, int layer_index, const py::object& source_cache, const py::object& dst,
@@ -476,8 +535,8 @@ out / valid_counts_out when given (returned), else new buffers. Returns physical
       .def_property_readonly("conversion_counts", [](const PyGroup& g) { return counts_dict(g.group().conversion_counts()); })
       .def_property_readonly("device", [](const PyGroup& g) { return g.device(); })
       .def_property_readonly("logical_topk_indices", &PyGroup::logical_topk_indices)
-      .def_property_readonly("physical_topk_indices", [](const PyGroup& g) { return g.view(g.group().physical_workspace()); })
-      .def_property_readonly("valid_topk_counts", [](const PyGroup& g) { return g.view(g.group().valid_counts_workspace()); })
+      .def_property_readonly("physical_topk_indices", [](const PyGroup& g) { return g.workspace(0); })
+      .def_property_readonly("valid_topk_counts", [](const PyGroup& g) { return g.workspace(1); })
       .def_property_readonly("side_stream", [](const PyGroup& g) { return g.stream(g.group().side_stream()); })
       .def_property_readonly("logical_topk_ready", [](const PyGroup& g) { return g.event(g.group().logical_topk_ready()); })
       .def_property_readonly("physical_topk_ready", [](const PyGroup& g) { return g.event(g.group().physical_topk_ready()); });

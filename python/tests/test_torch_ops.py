@@ -15,7 +15,7 @@ import pytest
 
 import sparse_mla
 from models import convert, convert_dcp, gather_upconvert, random_fp8_rows
-from support import BACKEND, POISON, Arrays, TorchCpuArrays, needs_torch_2_4, random_conversion_inputs
+from support import BACKEND, POISON, Arrays, TorchCpuArrays, metadata, needs_torch_2_4, random_conversion_inputs
 
 BF16_POISON = 0xDEAD
 OPS = ("convert_req_index_to_global_index", "convert_req_index_to_global_index_out",
@@ -120,6 +120,43 @@ def test_the_gather_op_writes_dst_as_the_model(arrays, torch, rng):
                                                               arrays(starts), 2, None, None, None, None, 0, "e4m3fn", "fp8_ds_mla")
     want = gather_upconvert(cache, table, starts, 2, np.full((30, 576), BF16_POISON, np.uint16))
     np.testing.assert_array_equal(arrays.bits(bits), want)
+
+
+def test_a_group_built_on_torch_hands_out_torch_tensors(arrays, torch, rng):
+    """Its conversion results and workspaces are torch tensors of its memory; every layer of a
+    step gets the leader's tensor objects; a prefill-sized call's fresh buffers come as torch too."""
+    K, T = 128, 3
+    logical = arrays.poisoned((8, K))
+    builder = sparse_mla.SparseMLAIndexGroupBuilder(logical, 4)
+    layers = [builder.register_layer(i == 0) for i in range(3)]
+    for step_rows in (T, T, T - 1):
+        req_id, table, rows = random_conversion_inputs(rng, T=step_rows, K=K)
+        arrays.set(logical, slice(0, step_rows), rows)
+        md = metadata(req_id_per_token=arrays(req_id), block_table=arrays(table), block_size=16,
+                      num_decodes=step_rows, num_decode_tokens=step_rows)
+        results = []
+        for group, index in layers:
+            group.set_logical_topk_ready(index)
+            group.prepare_for_batch(index, md)
+            results.append(group.convert_logical_to_physical_topk(index, logical[:step_rows], md,
+                                                                  return_valid_counts=True))
+        want_physical, want_counts = convert(req_id, table, rows, 16)
+        for physical, counts in results:
+            assert physical is results[0][0] and counts is results[0][1]
+            np.testing.assert_array_equal(arrays.numpy(physical), want_physical)
+            np.testing.assert_array_equal(arrays.numpy(counts), want_counts)
+    whole = builder.groups[0].physical_topk_indices
+    assert isinstance(whole, torch.Tensor) and whole.shape[1] == K and whole.shape[0] >= 4
+    assert whole.data_ptr() == results[0][0].data_ptr()
+    assert isinstance(builder.groups[0].valid_topk_counts, torch.Tensor)
+    # Prefill-sized (more rows than the workspace): the library's fresh buffers, as torch tensors.
+    req_id, table, rows = random_conversion_inputs(rng, T=7, K=K)
+    arrays.set(logical, slice(0, 7), rows)
+    md = metadata(req_id_per_token=arrays(req_id), block_table=arrays(table), block_size=16, num_prefills=3)
+    group, index = layers[0]
+    physical = group.convert_logical_to_physical_topk(index, logical[:7], md)
+    assert isinstance(physical, torch.Tensor)
+    np.testing.assert_array_equal(arrays.numpy(physical), convert(req_id, table, rows, 16)[0])
 
 
 def fake_inputs(torch, T=4, K=128):
