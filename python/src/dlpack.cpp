@@ -209,6 +209,12 @@ Consumed consume_capsule(const py::object& capsule, const char* name, const dl::
   c.shape.assign(t.shape, t.shape + rank);
   if (t.strides != nullptr) {
     c.strides.assign(t.strides, t.strides + rank);
+    // A dimension of size 1 is never stepped over, so producers write any
+    // stride there (torch exports [1, K] with strides (1, 1)): it becomes the
+    // row-major one, which the library's layout checks expect.
+    for (std::size_t i = rank; i-- > 0;) {
+      if (c.shape[i] == 1) c.strides[i] = i + 1 < rank ? c.strides[i + 1] * c.shape[i + 1] : 1;
+    }
   } else {  // compact row-major (DLPack 0.8: null strides)
     c.strides.assign(rank, 1);
     for (std::size_t i = rank; i-- > 1;) c.strides[i - 1] = c.strides[i] * c.shape[i];

@@ -46,6 +46,18 @@ def test_the_engines_call_line_converts_as_the_model(producer_arrays, rng, K, bl
     np.testing.assert_array_equal(arrays.numpy(only), want_physical)
 
 
+def test_one_decode_token_converts(producer_arrays, rng):
+    """token_indices [1, K]: torch's DLPack gives a size-1 dimension stride 1, which is no layout error."""
+    arrays = producer_arrays
+    req_id, block_table, logical = random_conversion_inputs(rng, T=1, K=256)
+    physical, counts = triton_convert_req_index_to_global_index(arrays(req_id), arrays(block_table), arrays(logical),
+                                                                BLOCK_SIZE=16, NUM_TOPK_TOKENS=256,
+                                                                return_valid_counts=True)
+    want_physical, want_counts = convert(req_id, block_table, logical, 16)
+    np.testing.assert_array_equal(arrays.numpy(physical), want_physical)
+    np.testing.assert_array_equal(arrays.numpy(counts), want_counts)
+
+
 def test_the_defaults_are_the_references(producer_arrays, rng):
     """BLOCK_SIZE 64, BLOCK_STRIDE_ROWS = BLOCK_SIZE, NUM_TOPK_TOKENS 2048."""
     arrays = producer_arrays
