@@ -1,4 +1,4 @@
-// CUDA/HIP graphs over index groups (issue 6): a whole decode step of a
+// CUDA/HIP graphs over index groups: a whole decode step of a
 // multi-layer model — the leader's fork onto the side stream and the join
 // back through events — captured once and replayed with new inputs written in
 // place; and the piecewise mode, where the indexer runs inside captured

@@ -1,4 +1,4 @@
-"""A tiny safetensors reader for the golden files (format: ../shared/golden/README.md):
+"""A tiny safetensors reader for the golden files (format: tests/data/golden/README.md):
 8 bytes little-endian header length N, N bytes of JSON, then the raw row-major
 little-endian tensor data; metadata values are JSON-encoded strings."""
 

@@ -4,8 +4,8 @@
 // process by one method: the same CUDA graphs, the same inputs, outputs from
 // the same allocator. Comparing two programs' figures (ours from
 // `sparse-mla bench`, the reference's from Python) had flattered us: the
-// same kernel launched from Python measures 0.33-0.41 us a launch slower
-// than in `sparse-mla bench` (docs/PERFORMANCE.md, session 11).
+// same kernel launched from Python measured 0.33-0.41 us a launch slower
+// than in `sparse-mla bench` (H200).
 //
 // The kernel is launched as the library launches it (kernels::convert_topk
 // on a Kokkos::Cuda instance bound to the caller's stream); the library's

@@ -14,7 +14,7 @@
 // its differences from ours one at a time. Its rotation is short (32 sets
 // at T <= 256, about 256 KiB), so small-T inputs stay in the L2:
 // `sparse-mla bench`, which rotates over 200 MiB, gives the figures in
-// docs/PERFORMANCE.md (T = 1: 2.11 us there against 1.90 here).
+// docs/PERFORMANCE.md; this program compares kernels with each other.
 //
 // Built only in CUDA builds (a Kokkos with CUDA); not part of the library.
 // Every kernel's output is checked against a scalar loop before it is timed.
@@ -98,18 +98,17 @@ __global__ void __launch_bounds__(THREADS)
 // block, the valid count taken from the indices alone and warp-summed while
 // the table loads are in flight, the table loads predicated, 32-bit row
 // arithmetic. Loaded from a cubin and timed beside Triton in one process
-// (session 11, docs/PERFORMANCE.md) it matched Triton at T = 1 and 256 and
-// beat it by 7-8% at T = 1024, where raw 256 x 2 above, loaded the same way,
-// is 0.33 us slower at T = 1. The library's Convert lacked this structure
-// (0.15-0.2 us at T = 1) besides a leaner launch (Kokkos' wrapper, and the
-// constant memory Kokkos puts in every translation unit's module, 0.107 us a
-// launch: this file's kernels pay it too, the cubin did not; session 13);
-// its ConvertRounds (session 12) has most of the structure for rows of
-// whole rounds. Timed in this program in session 12 (docs/PERFORMANCE.md):
-// 1.47 / 2.70 / 5.62 us at T = 1 / 256 / 1024 here.
+// (H200) it matched Triton at T = 1 and 256 and beat it by 7-8% at
+// T = 1024, where raw 256 x 2 above, loaded the same way, was 0.33 us slower
+// at T = 1. The library's Convert lacked this structure (0.15-0.2 us at
+// T = 1) besides a leaner launch (Kokkos' wrapper, and the constant memory
+// Kokkos puts in every translation unit's module, 0.107 us a launch: this
+// file's kernels pay it too, the cubin did not); the library's ConvertRounds
+// has most of the structure for rows of whole rounds. Timed in this program
+// on the H200: 1.47 / 2.70 / 5.62 us at T = 1 / 256 / 1024.
 //
 // Three switches undo one difference each from the library's kernel, to find
-// which of them cost (all true is the kernel as measured; session 12: 0.02,
+// which of them cost (all true is the kernel as measured; on the H200: 0.02,
 // 0.01 and 0.07 us at T = 1, 0.05, 0.19 and 0.20 at T = 1024, all three
 // 0.09 and 0.79):
 //   CountFirst: the count from the indices, warp-summed before the table

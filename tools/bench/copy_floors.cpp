@@ -1,7 +1,8 @@
-// Floors under the targets of docs/PERFORMANCE.md: plain CUDA kernels that
-// move exactly the bytes of a benchmark case and do nothing else, timed the
-// way `sparse-mla bench` times (median per launch over CUDA graph replays,
-// inputs rotated through 200 MiB), beside the same run's copy ceiling.
+// Floors under the benchmark's cases (docs/PERFORMANCE.md): plain CUDA
+// kernels that move exactly the bytes of a case and do nothing else, timed
+// the way `sparse-mla bench` times (median per launch over CUDA graph
+// replays, inputs rotated through 200 MiB), beside the same run's copy
+// ceiling.
 //
 //   build/cuda/bin/sparse-mla-floors
 //

@@ -24,7 +24,7 @@ import sys
 
 CASE = re.compile(r"^model-step/rows=(\d+),hits=(\d+)$")
 LAYERS, GROUPS = 61, 16  # the model-step cases: DeepSeek-V3.2's layers, a new index group every 4
-COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+COLOURS = ["tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown"]
 
 
 def read_cases(paths):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Host time to issue one decode step of the seed's index-group protocol from
 Python through `sparse_mla`, without a graph: what an engine that does not
-capture pays per step and per layer, on any backend (docs/PERFORMANCE.md).
+capture pays per step and per layer, on any backend.
 
     PYTHONPATH=build/host/python python3 tools/bench/python_call_overhead.py
     PYTHONPATH=build/cuda/python python3 tools/bench/python_call_overhead.py --backend cuda

@@ -15,7 +15,6 @@
 # Environment: DEPS_PREFIX as for gpu-check.sh; PRESET (cuda, or cuda-portable);
 # NCU_OPTIONS, more options for ncu (`--warp-sampling-interval 0` samples the
 # stalls of a short launch as often as ncu can).
-# Used for the profiles recorded in docs/PERFORMANCE.md.
 set -uo pipefail
 kokkos=${1:?Kokkos prefix}
 out=$(realpath -m "${2:?output folder}")

@@ -12,7 +12,7 @@ the table gives the warp instructions executed (divided by --rows, the
 teams of the profiled launch: a figure per row), its share, its stall
 samples and its most executed opcodes; then the stall reasons over the
 whole kernel. With --top K the K most executed instructions follow.
-tools/ci/gpu-profile.sh runs it; docs/PERFORMANCE.md records what it said.
+tools/ci/gpu-profile.sh runs it.
 """
 import argparse
 import collections

@@ -85,7 +85,7 @@ void add_floor_cases(std::vector<CaseSpec>& cases, const BenchConfig& config) {
     if (spec == cases.end()) continue;
     // Whole 4 KiB pages: on the H200 a memcpy node of 8194 KiB took 7.7 us
     // against 5.5 for 8192 KiB, and 2 MiB + 512 B 2.95 against 2.45 for
-    // 2 MiB (session 6): odd sizes measured something other than the bytes.
+    // 2 MiB: odd sizes measured something other than the bytes.
     // The cases' odd bytes are their counts (4 per token).
     const std::size_t bytes = spec->make()->traffic().total() / 2 / 4096 * 4096;
     floors.push_back({std::string("floor/") + like, kib(bytes) + " each way, as " + like, Ceiling::device_copy, false,
