@@ -78,8 +78,6 @@ endfunction()
 # compiles <api>_kernels.cpp when the found Kokkos has that execution space,
 # and then checks that Kokkos compiles for the GPU that <arch variable> names.
 function(sparse_mla_add_gpu_backend api kokkos_backend runtime arch_variable)
-  option(SPARSE_MLA_REQUIRE_GPU_KERNELS
-    "Stop when an enabled GPU backend's Kokkos execution space is missing, instead of building its native layer alone" OFF)
   string(TOUPPER "${api}" _API)
   target_sources(sparse_mla PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/${api}_device.cpp)
   target_link_libraries(sparse_mla PRIVATE ${runtime})
@@ -87,12 +85,8 @@ function(sparse_mla_add_gpu_backend api kokkos_backend runtime arch_variable)
 
   if(NOT Kokkos_ENABLE_${kokkos_backend})
     target_compile_definitions(sparse_mla PRIVATE SPARSE_MLA_${_API}_KERNELS=0)
-    set(_why "Kokkos ${Kokkos_VERSION} at ${Kokkos_DIR} has no ${kokkos_backend} execution space")
-    if(SPARSE_MLA_REQUIRE_GPU_KERNELS)
-      message(FATAL_ERROR "sparse-mla: ${_why}. Point Kokkos_ROOT at a Kokkos built with "
-                          "-DKokkos_ENABLE_${kokkos_backend}=ON (docs/GPU.md), or turn SPARSE_MLA_REQUIRE_GPU_KERNELS off "
-                          "to build the ${api} native layer alone.")
-    endif()
+    # (With SPARSE_MLA_REQUIRE_GPU_KERNELS, cmake/SparseMlaKokkos.cmake has made sure it has.)
+    set(_why "${SPARSE_MLA_KOKKOS_ORIGIN} has no ${kokkos_backend} execution space")
     message(STATUS "sparse-mla: ${api} backend: native layer only (${_why}; Device::kernels() throws)")
     return()
   endif()
@@ -116,10 +110,9 @@ function(sparse_mla_add_gpu_backend api kokkos_backend runtime arch_variable)
   _sparse_mla_kokkos_gpu_archs(${kokkos_backend} _archs)
   set(_wanted "${${arch_variable}}")
   if(_wanted AND _archs AND NOT _wanted IN_LIST _archs)
-    message(FATAL_ERROR "sparse-mla: ${arch_variable} is ${_wanted}, but Kokkos at ${Kokkos_DIR} compiles for ${_archs} "
-                        "(Kokkos_ARCH: ${Kokkos_ARCH}). Kokkos fixes the GPU target when Kokkos itself is built: rebuild it "
-                        "with the matching -DKokkos_ARCH_<NAME>=ON (docs/GPU.md), or set -D${arch_variable}=<target> to "
-                        "accept the one it has.")
+    message(FATAL_ERROR "sparse-mla: ${arch_variable} is ${_wanted}, but ${SPARSE_MLA_KOKKOS_ORIGIN} compiles for ${_archs} "
+                        "(Kokkos fixes the GPU when it is built): set -D${arch_variable}=${_archs}, point Kokkos_ROOT at a "
+                        "Kokkos built with the matching -DKokkos_ARCH_<NAME>=ON, or unset Kokkos_ROOT to build Kokkos with the project")
   endif()
   if(NOT _archs)
     set(_archs "unknown")

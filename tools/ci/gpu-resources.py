@@ -125,12 +125,14 @@ def hip_report(build):
 
 def nvcc_wrapper(args):
     """Kokkos' nvcc_wrapper of the Kokkos the command includes: compile_commands.json names the host compiler,
-    which Kokkos' launcher swaps for nvcc_wrapper when it builds."""
+    which Kokkos' launcher swaps for nvcc_wrapper when it builds. It is in bin/ of the installed Kokkos
+    (<prefix>/include) or of the Kokkos source the project builds (<source>/core/src)."""
     for i, a in enumerate(args[:-1]):
         if a == "-isystem" and pathlib.Path(args[i + 1], "Kokkos_Core.hpp").exists():
-            wrapper = pathlib.Path(args[i + 1]).parent / "bin" / "nvcc_wrapper"
-            if wrapper.exists():
-                return str(wrapper)
+            for top in list(pathlib.Path(args[i + 1]).parents)[:2]:
+                wrapper = top / "bin" / "nvcc_wrapper"
+                if wrapper.exists():
+                    return str(wrapper)
     sys.exit("gpu-resources: no nvcc_wrapper beside the Kokkos headers of the compile command")
 
 
