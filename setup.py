@@ -1,8 +1,15 @@
 """Builds the package `sparse_mla` (python/sparse_mla) and its extension
 `sparse_mla._native` through the project's CMake (python/CMakeLists.txt):
-configure into build/python-package with the interpreter running this script,
+configure the preset that SPARSE_MLA_BACKEND names (host, the default; cuda;
+hip) into build/python-<backend> for the interpreter running this script,
 build the one target, copy the extension where setuptools packs it beside the
-package's Python modules. Extra CMake arguments: SPARSE_MLA_CMAKE_ARGS."""
+package's Python modules. The cuda and hip presets build Kokkos with the
+project where no installed Kokkos has the backend (docs/GPU.md), so
+
+    SPARSE_MLA_BACKEND=cuda pip install --no-build-isolation .
+
+gives the CUDA module. Extra CMake arguments: SPARSE_MLA_CMAKE_ARGS (the GPU:
+"-DSPARSE_MLA_CUDA_ARCH=sm_80"); SPARSE_MLA_BUILD_TYPE (Release)."""
 
 import os
 import shlex
@@ -15,7 +22,11 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-BUILD = ROOT / "build" / "python-package"
+BACKENDS = ("host", "cuda", "hip")  # presets of CMakePresets.json
+BACKEND = os.environ.get("SPARSE_MLA_BACKEND", "host") or "host"
+if BACKEND not in BACKENDS:
+    raise SystemExit(f"SPARSE_MLA_BACKEND is '{BACKEND}': one of {', '.join(BACKENDS)}")
+BUILD = ROOT / "build" / f"python-{BACKEND}"
 
 
 class CMakeExtension(Extension):
@@ -26,16 +37,18 @@ class CMakeExtension(Extension):
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
         config = os.environ.get("SPARSE_MLA_BUILD_TYPE", "Release")
+        # The preset's settings; a user's build, not CI's: warnings are not errors.
         args = [
-            "cmake", "-S", str(ROOT), "-B", str(BUILD),
+            "cmake", "--preset", BACKEND, "-S", str(ROOT), "-B", str(BUILD),
             f"-DCMAKE_BUILD_TYPE={config}",
             f"-DSPARSE_MLA_PYTHON={sys.executable}",
             "-DSPARSE_MLA_BUILD_PYTHON=ON",
             "-DSPARSE_MLA_BUILD_TESTS=OFF",
             "-DSPARSE_MLA_BUILD_TOOLS=OFF",
+            "-DSPARSE_MLA_WERROR=OFF",
         ]
-        if shutil.which("ninja") and not (BUILD / "CMakeCache.txt").exists():
-            args += ["-G", "Ninja"]
+        if not shutil.which("ninja") and not (BUILD / "CMakeCache.txt").exists():
+            args += ["-G", "Unix Makefiles"]  # the presets' generator is Ninja
         args += shlex.split(os.environ.get("SPARSE_MLA_CMAKE_ARGS", ""))
         subprocess.run(args, check=True)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)

@@ -1,38 +1,45 @@
 #!/usr/bin/env bash
-# Builds a CUDA preset against an installed CUDA-enabled Kokkos and checks
-# the build on the GPU: every test, the golden files, the synthetic
-# schedules (plain and HiSparse), the tests under compute-sanitizer, the
-# benchmark and the copy floors, and (with PYTHON) the Python module's
-# suite on torch CUDA tensors and the captured-graph check beside the
-# reference engine's conversion. Logs go to OUT_DIR.
-#   bash tools/ci/gpu-check.sh KOKKOS_PREFIX OUT_DIR [bench options...]
+# The GPU check, on a machine with an NVIDIA GPU, the CUDA toolkit, CMake,
+# Ninja and a python3 with torch, pybind11 and pytest, and nothing else
+# prepared: Kokkos, GoogleTest, CLI11 and nlohmann-json come from the
+# dependency folder (.deps in the tree or SPARSE_MLA_DEPS_DIR;
+# tools/ci/gpu-deps.sh assembles it), or an installed Kokkos from Kokkos_ROOT.
+# Each stage logs to OUT_DIR/<step>.log and prints its wall time:
+#   workflow    `cmake --workflow --preset cuda`: configure (Kokkos built with the
+#               project), build with -Werror, every test
+#   tests       the golden files and the synthetic schedules (plain and HiSparse) on the GPU
+#   sanitizers  the CUDA tests under compute-sanitizer
+#   bench       the benchmark and the copy floors
+#   reference   the reference engine's conversion beside ours (REFERENCE_SPARSE_UTILS)
+#   python      `SPARSE_MLA_BACKEND=cuda pip install --no-build-isolation` into OUT_DIR/site,
+#               then the module's suite on torch CUDA tensors and the captured-graph check
+#   bash tools/ci/gpu-check.sh OUT_DIR [bench options...]
 # Environment:
 #   PRESET                 cuda (default) or cuda-portable (the device primitives' portable forms)
-#   STAGES                 which stages run, of: build tests sanitizers bench reference python
-#                          (default: all of them; build is needed by the others once per tree)
+#   STAGES                 which stages run, of: workflow tests sanitizers bench reference python
+#                          (default: all of them; workflow is needed by the next four once per tree)
 #   BENCH_GROUPS           the bench stage's case groups (default: all of them; ceiling is
 #                          always timed with each); BENCH_TIMEOUT bounds each group (150 s)
-#   DEPS_PREFIX            more CMake prefixes, ';'-separated: GoogleTest, CLI11,
-#                          nlohmann-json where the machine lacks them
-#   WERROR                 ON by default
-#   REFERENCE_SPARSE_UTILS vLLM's sparse_utils.py: time the reference engine's conversion
-#                          beside ours in one Python process (reference stage) and check the
-#                          Python module against it (python stage); the Kokkos must then be
-#                          built with position-independent code
+#   REFERENCE_SPARSE_UTILS vLLM's sparse_utils.py (default: the dependency folder's, where it has
+#                          one): time the reference engine's conversion beside ours in one Python
+#                          process (reference stage) and check the Python module against it
+#                          (python stage)
 #   PYTHON                 the interpreter with torch and Triton (default python3) for the
 #                          module, the reference and the python stage
 # Used for the GPU runs recorded in docs/PERFORMANCE.md.
 set -uo pipefail
-kokkos=${1:?Kokkos prefix}
-out=${2:?output folder}
-shift 2
+out=$(realpath -m "${1:?output folder}")
+shift
 cd "$(dirname "$0")/../.."
 mkdir -p "$out"
-command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 status=0
 preset=${PRESET:-cuda}
-stages=" ${STAGES:-build tests sanitizers bench reference python} "
+stages=" ${STAGES:-workflow tests sanitizers bench reference python} "
 python=${PYTHON:-${REFERENCE_PYTHON:-python3}}
+deps=${SPARSE_MLA_DEPS_DIR:-.deps}
+if [ -z "${REFERENCE_SPARSE_UTILS:-}" ] && [ -f "$deps/sparse_utils.py" ]; then
+  REFERENCE_SPARSE_UTILS=$(realpath "$deps/sparse_utils.py")
+fi
 want() { [[ "$stages" == *" $1 "* ]]; }
 run() {  # run NAME CMD...: log to OUT_DIR/NAME.log, remember failures
   local name=$1; shift
@@ -47,18 +54,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 cat "$out/gpu.txt"
 build=build/$preset
 cli=$build/bin/sparse-mla
-if want build; then
-  run configure cmake --preset "$preset" -DKokkos_ROOT="$kokkos" "-DCMAKE_PREFIX_PATH=$kokkos;${DEPS_PREFIX:-}" \
-    -DSPARSE_MLA_WERROR="${WERROR:-ON}" -DSPARSE_MLA_PYTHON="$(command -v "$python" || echo "$python")"
-  run build cmake --build --preset "$preset" -j "$(nproc)" -- -k 0
-  grep -E "error|warning" "$out/build.log" | head -n 40
+if want workflow; then
+  run workflow cmake --workflow --preset "$preset"
+  # Where Kokkos and the rest came from, any diagnostic, and ctest's summary.
+  grep -E "^-- sparse-mla: |error:|warning:" "$out/workflow.log" | head -n 40
+  sed -n '/tests passed/,$p' "$out/workflow.log" | head -n 40
 fi
 run info "$cli" info
 cat "$out/info.log"
 if want tests; then
-  # The python label is the python stage's (torch CUDA tensors), below.
-  run ctest ctest --preset "$preset" -j 4 --timeout 300 --label-exclude python
-  grep -E "tests passed|Failed|Skipped" "$out/ctest.log" | tail -n 15
   run golden "$cli" validate --backend cuda --golden tests/data/golden/*.safetensors
   run synthetic "$cli" validate --backend cuda --synthetic --layers 61 --index-every 4 --requests 16 --topk 256 --block-size 64 --steps 12 --json
   run synthetic-hisparse "$cli" validate --backend cuda --synthetic --hisparse --layers 8 --index-every 4 --requests 8 --topk 128 --hot-slots 256 --block-size 64 --context 4096 --steps 40 --json
@@ -71,16 +75,16 @@ fi
 # and synccheck over the kernel tests. Any hazard fails the check.
 if ! want sanitizers; then
   :
-elif command -v compute-sanitizer >/dev/null; then
+elif sanitizer=$(command -v compute-sanitizer || command -v /usr/local/cuda/bin/compute-sanitizer); then
   for t in "$build"/bin/*_test; do
     # A binary without CUDA tests never touches the GPU, which the sanitizer reports as an error.
     [ "$("$t" --gtest_list_tests --gtest_filter='*/cuda' | grep -c '/cuda')" -gt 0 ] || continue
-    run "memcheck-$(basename "$t")" compute-sanitizer --tool memcheck --leak-check no --report-api-errors no \
+    run "memcheck-$(basename "$t")" "$sanitizer" --tool memcheck --leak-check no --report-api-errors no \
       --error-exitcode 9 "$t" --gtest_filter='*/cuda' --gtest_brief=1
   done
   for t in topk_convert_test topk_convert_dcp_test fp8_upconvert_test model1_gather_test hisparse_resolve_test hisparse_rows_test; do
     for tool in racecheck synccheck; do
-      run "$tool-$t" timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 \
+      run "$tool-$t" timeout "${SANITIZER_TIMEOUT:-300}" "$sanitizer" --tool $tool --error-exitcode 9 \
         "$build/bin/$t" --gtest_filter='*/cuda' --gtest_brief=1
     done
   done
@@ -139,25 +143,28 @@ if want reference && [ -n "${REFERENCE_SPARSE_UTILS:-}" ]; then
     --dcp-size 8 --dcp-rank 3 --dcp-interleave 1 --compact
   cat "$out/reference-dcp.log"
 fi
-# The Python module on torch CUDA tensors (python/tests with
-# SPARSE_MLA_TEST_BACKEND=cuda), then the seed's protocol from Python in a
-# torch.cuda.graph capture beside the reference's conversion.
+# The Python module as a torch user installs it (pip, the preset's build
+# through setup.py, into OUT_DIR/site), its suite on torch CUDA tensors
+# (python/tests with SPARSE_MLA_TEST_BACKEND=cuda), then the seed's protocol
+# from Python in a torch.cuda.graph capture beside the reference's conversion.
 if want python; then
-  if [ ! -d "$build/python" ] || ! ls "$build"/python/sparse_mla/_native*.so >/dev/null 2>&1; then
-    echo "python: the module was not built (see $out/configure.log)"
-    status=1
-  else
-    run python-suite env SPARSE_MLA_TEST_BACKEND=cuda PYTHONPATH="$build/python" "$python" -m pytest -q -p no:cacheprovider \
-      python/tests
-    tail -n 3 "$out/python-suite.log"
-    run python-overhead env PYTHONPATH="$build/python" "$python" tools/bench/python_call_overhead.py --backend cuda
-    cat "$out/python-overhead.log"
-    if [ -n "${REFERENCE_SPARSE_UTILS:-}" ]; then
-      run python-graph env PYTHONPATH="$build/python" "$python" tools/bench/python_graph_check.py "$REFERENCE_SPARSE_UTILS"
-      cat "$out/python-graph.log"
-      run torch-ops env PYTHONPATH="$build/python" "$python" tools/bench/torch_ops_check.py "$REFERENCE_SPARSE_UTILS"
-      cat "$out/torch-ops.log"
-    fi
+  rm -rf "$out/site"
+  cmake_args=""
+  [ "$preset" != cuda-portable ] || cmake_args="-DSPARSE_MLA_PORTABLE_PRIMITIVES=ON"
+  run pip-install env SPARSE_MLA_BACKEND=cuda SPARSE_MLA_CMAKE_ARGS="$cmake_args" \
+    "$python" -m pip install --no-build-isolation --no-deps --target "$out/site" .
+  tail -n 2 "$out/pip-install.log"
+  run python-suite env SPARSE_MLA_TEST_BACKEND=cuda PYTHONPATH="$out/site" "$python" -c \
+    'import sys, pytest, sparse_mla; print("module:", sparse_mla.__file__); sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "python/tests"]))'
+  grep -E "^module:" "$out/python-suite.log"
+  tail -n 3 "$out/python-suite.log"
+  run python-overhead env PYTHONPATH="$out/site" "$python" tools/bench/python_call_overhead.py --backend cuda
+  cat "$out/python-overhead.log"
+  if [ -n "${REFERENCE_SPARSE_UTILS:-}" ]; then
+    run python-graph env PYTHONPATH="$out/site" "$python" tools/bench/python_graph_check.py "$REFERENCE_SPARSE_UTILS"
+    cat "$out/python-graph.log"
+    run torch-ops env PYTHONPATH="$out/site" "$python" tools/bench/torch_ops_check.py "$REFERENCE_SPARSE_UTILS"
+    cat "$out/torch-ops.log"
   fi
 fi
 exit $status

@@ -4,31 +4,42 @@
 # group of cases run by the base and then by this tree, so that a change's
 # effect on every figure is measured in the same call. Prints each case's
 # median and the ratio (this / base); also writes OUT_DIR/compare.json.
-#   bash tools/ci/gpu-compare.sh KOKKOS_PREFIX BASE_SRC OUT_DIR [bench options...]
-# Environment: DEPS_PREFIX as for gpu-check.sh; CASE_GROUPS (the case groups,
-# default every group of gpu-check.sh). This tree's build is build/cuda
-# when it has the CLI (else build/compare); the base builds only its CLI, in build/base.
+#   bash tools/ci/gpu-compare.sh BASE_SRC OUT_DIR [bench options...]
+# This tree's build is build/cuda when it has the CLI (else the cuda preset's
+# CLI in build/compare). Both trees compile against one Kokkos: Kokkos_ROOT
+# where set, else the one this tree's build made, installed into
+# build/compare-kokkos; the base builds only its CLI, in build/base, finding
+# CLI11 and nlohmann-json installed or in the dependency folder (.deps or
+# SPARSE_MLA_DEPS_DIR). CASE_GROUPS: the case groups (default every group of
+# gpu-check.sh).
 set -uo pipefail
-kokkos=${1:?Kokkos prefix}
-base=$(realpath "${2:?base source tree}")
-out=$(realpath -m "${3:?output folder}")
-shift 3
+base=$(realpath "${1:?base source tree}")
+out=$(realpath -m "${2:?output folder}")
+shift 2
 cd "$(dirname "$0")/../.."
 mkdir -p "$out"
-command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
-prefix="$kokkos;${DEPS_PREFIX:-}"
-build() {  # build SRC DIR LOG: configure and build the CLI of the cuda preset's settings
-  cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARSE_MLA_ENABLE_CUDA=ON \
-    -DSPARSE_MLA_CUDA_ARCH=sm_90 -DSPARSE_MLA_REQUIRE_GPU_KERNELS=ON -DSPARSE_MLA_BUILD_TESTS=OFF \
-    -DKokkos_ROOT="$kokkos" "-DCMAKE_PREFIX_PATH=$prefix" > "$3" 2>&1 &&
-    cmake --build "$2" -j "$(nproc)" --target sparse-mla >> "$3" 2>&1
-}
-build "$base" build/base "$out/build-base.log" || { tail -n 30 "$out/build-base.log"; exit 1; }
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH  # a base tree may need nvcc on PATH
 this=build/cuda
 if [ ! -x build/cuda/bin/sparse-mla ]; then
-  build . build/compare "$out/build-this.log" || { tail -n 30 "$out/build-this.log"; exit 1; }
   this=build/compare
+  { cmake --preset cuda -B "$this" -DSPARSE_MLA_BUILD_TESTS=OFF -DSPARSE_MLA_BUILD_PYTHON=OFF &&
+    cmake --build "$this" -j "$(nproc)" --target sparse-mla; } > "$out/build-this.log" 2>&1 ||
+    { tail -n 30 "$out/build-this.log"; exit 1; }
 fi
+kokkos=${Kokkos_ROOT:-}
+if [ -z "$kokkos" ]; then
+  kokkos=$PWD/build/compare-kokkos
+  [ -d "$this/_deps/kokkos-build" ] || { echo "gpu-compare: $this used an installed Kokkos: set Kokkos_ROOT to it"; exit 1; }
+  cmake --install "$this/_deps/kokkos-build" --prefix "$kokkos" > "$out/kokkos-install.log" 2>&1 ||
+    { tail -n 30 "$out/kokkos-install.log"; exit 1; }
+fi
+deps=$(realpath -m "${SPARSE_MLA_DEPS_DIR:-.deps}")
+# The cuda preset's settings, spelled out: a base tree may predate any of the presets.
+cmake -S "$base" -B build/base -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARSE_MLA_ENABLE_CUDA=ON \
+  -DSPARSE_MLA_CUDA_ARCH=sm_90 -DSPARSE_MLA_REQUIRE_GPU_KERNELS=ON -DSPARSE_MLA_BUILD_TESTS=OFF -DSPARSE_MLA_BUILD_PYTHON=OFF \
+  -DSPARSE_MLA_CCACHE=OFF -DKokkos_ROOT="$kokkos" "-DCMAKE_PREFIX_PATH=$kokkos;$deps" -DSPARSE_MLA_DEPS_DIR="$deps" > "$out/build-base.log" 2>&1 &&
+  cmake --build build/base -j "$(nproc)" --target sparse-mla >> "$out/build-base.log" 2>&1 ||
+  { tail -n 30 "$out/build-base.log"; exit 1; }
 for group in ${CASE_GROUPS:-convert upconvert group-step resolve swap-in pinned-gather miss-gather}; do
   for tree in base compare; do
     cli=build/base/bin/sparse-mla

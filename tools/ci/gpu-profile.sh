@@ -8,26 +8,26 @@
 # tools/ci/ncu-passes.py's table of instructions per pass (ROWS: the teams
 # of the profiled launch, so that figures are per row). Arguments after ROWS
 # go to the bench (the DCP options, for instance).
-#   bash tools/ci/gpu-profile.sh KOKKOS_PREFIX OUT_DIR KERNEL FILTER [ROWS [BENCH_OPTION...]]
-#   e.g. bash tools/ci/gpu-profile.sh "$KOKKOS" prof HiSparseResolve '^resolve/rows=128$' 128
-#        bash tools/ci/gpu-profile.sh "$KOKKOS" prof-dcp 'ConvertRounds.*Dcp<' '^convert-dcp/T=1$' 1 \
+#   bash tools/ci/gpu-profile.sh OUT_DIR KERNEL FILTER [ROWS [BENCH_OPTION...]]
+#   e.g. bash tools/ci/gpu-profile.sh prof HiSparseResolve '^resolve/rows=128$' 128
+#        bash tools/ci/gpu-profile.sh prof-dcp 'ConvertRounds.*Dcp<' '^convert-dcp/T=1$' 1 \
 #          --dcp-size 8 --dcp-rank 3 --dcp-interleave 1 --compact
-# Environment: DEPS_PREFIX as for gpu-check.sh; PRESET (cuda, or cuda-portable);
+# The build is the preset's (Kokkos built with the project from the dependency folder,
+# as for gpu-check.sh). Environment: PRESET (cuda, or cuda-portable);
 # NCU_OPTIONS, more options for ncu (`--warp-sampling-interval 0` samples the
 # stalls of a short launch as often as ncu can).
 set -uo pipefail
-kokkos=${1:?Kokkos prefix}
-out=$(realpath -m "${2:?output folder}")
-kernel=${3:?kernel name pattern}
-filter=${4:?bench filter}
-rows=${5:-1}
-shift $(($# < 5 ? $# : 5))
+out=$(realpath -m "${1:?output folder}")
+kernel=${2:?kernel name pattern}
+filter=${3:?bench filter}
+rows=${4:-1}
+shift $(($# < 4 ? $# : 4))
 cd "$(dirname "$0")/../.." || exit 1
 mkdir -p "$out"
 rm -f "$out/configure.log" "$out/build.log"
-command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+command -v ncu >/dev/null || export PATH=/usr/local/cuda/bin:$PATH  # Nsight Compute
 build=build/${PRESET:-cuda}-profile
-if ! cmake --preset "${PRESET:-cuda}" -B "$build" -DKokkos_ROOT="$kokkos" "-DCMAKE_PREFIX_PATH=$kokkos;${DEPS_PREFIX:-}" \
+if ! cmake --preset "${PRESET:-cuda}" -B "$build" \
        -DSPARSE_MLA_CUDA_LINEINFO=ON -DSPARSE_MLA_BUILD_TESTS=OFF -DSPARSE_MLA_BUILD_PYTHON=OFF > "$out/configure.log" 2>&1 ||
    ! cmake --build "$build" -j "$(nproc)" --target sparse-mla > "$out/build.log" 2>&1; then
   echo "gpu-profile: the build failed (see $out)"

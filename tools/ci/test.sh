@@ -33,7 +33,7 @@ else
   step "ci-cuda: skipped: no CUDA toolkit on this machine (nvcc not on PATH, no /usr/local/cuda)"
 fi
 
-step "gpu kernels: Kokkos for HIP (gfx90a) and CUDA (sm_90) from ../shared/deps, every kernel compiled with -Werror, tests skip without a GPU, resource report"
+step "gpu kernels: the hip (gfx90a) and cuda (sm_90) presets, Kokkos built with them from ../shared/deps, every kernel compiled with -Werror, tests skip without a GPU, resource report"
 bash tools/ci/gpu-kernels.sh
 
 step "fuzz: libFuzzer over the safetensors reader and the golden dispatch (${FUZZ_SECONDS:-60}s per target)"
